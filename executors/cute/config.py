@@ -1,0 +1,185 @@
+"""Kernel configurations for the skinny bf16 GEMMs (pure Python, no GPU imports).
+
+out[M, N] = x[M, K] @ w[N, K]^T, bf16 in, fp32 accumulate, bf16 out, M <= 16.
+
+Three kernel kinds:
+
+* ``split_n``  -- CUDA-core kernel for small N and large K (F_A/beta, N=144, K=7168).
+  One block owns ``rows`` output columns (weight rows); its threads split K into
+  ``vec``-wide 16-byte slices (448 threads for K=7168 at vec=2), dot products are
+  reduced with warp shuffles and then through shared memory. Grid = ceil(N / rows).
+* ``split_k``  -- tensor-core (mma.sync m16n8k16) kernel for small K (F_B, K=128):
+  a warp owns 8*tiles weight rows and the whole K, the 4 lanes of a quad split each
+  32-wide K step. Grid = ceil(N / (8 * tiles * warps_n)).
+* ``stream``   -- the same tensor-core kernel with ``warps_k`` warps splitting a large K
+  and a shared-memory reduction (QKVG, N=6144, K=7168): streams the weights with
+  128-bit non-coherent loads, ``unroll`` K steps in flight per warp.
+
+The tensor-core kernels use x as the mma A operand (rows = tokens, padded to
+``m_tile`` = 8 or 16) and 8 weight rows as the B operand; K is permuted identically
+for both operands so every weight load is one contiguous 16-byte vector.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+KINDS = ("split_n", "split_k", "stream")
+MAX_M = 16
+
+
+@dataclass(frozen=True)
+class Config:
+    kind: str
+    m_tile: int = 16  # rows of x handled at compile time (8 or 16); runtime M <= m_tile
+    # split_n
+    rows: int = 1  # weight rows per block
+    vec: int = 2  # 16-byte vectors per thread along K
+    # split_k / stream (tensor core)
+    tiles: int = 1  # n8 tiles (8 weight rows) per warp
+    warps_n: int = 1  # warps side by side along N
+    warps_k: int = 1  # warps splitting K (shared-memory reduction when > 1)
+    unroll: int = 1  # 32-wide K steps loaded back to back per warp iteration
+    pdl: bool = True
+
+    def key(self) -> str:
+        if self.kind == "split_n":
+            body = f"m{self.m_tile}_r{self.rows}_v{self.vec}"
+        else:
+            body = f"m{self.m_tile}_t{self.tiles}_wn{self.warps_n}_wk{self.warps_k}_u{self.unroll}"
+        return f"{self.kind}_{body}_pdl{int(self.pdl)}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    # ---- geometry -----------------------------------------------------------------
+    def threads(self, k: int) -> int:
+        if self.kind == "split_n":
+            return k // (8 * self.vec)
+        return 32 * self.warps_n * self.warps_k
+
+    def grid(self, n: int) -> int:
+        if self.kind == "split_n":
+            return -(-n // self.rows)
+        rows_per_block = 8 * self.tiles * self.warps_n
+        return -(-n // rows_per_block)
+
+    def check(self, m: int, n: int, k: int) -> str | None:
+        """None if this config can run the shape, else the reason."""
+        if self.kind not in KINDS:
+            return f"unknown kind {self.kind!r}"
+        if m < 1 or m > self.m_tile:
+            return f"M={m} outside 1..m_tile={self.m_tile}"
+        allowed = (1, 2, 4, 8, 16) if self.kind == "split_n" else (8, 16)
+        if self.m_tile not in allowed:
+            return f"m_tile must be one of {allowed} for {self.kind}"
+        if n < 1:
+            return "N must be positive"
+        if self.kind == "split_n":
+            if self.rows < 1 or self.vec < 1:
+                return "rows and vec must be positive"
+            if k % (8 * self.vec):
+                return f"K={k} not a multiple of {8 * self.vec}"
+            t = k // (8 * self.vec)
+            if t % 32 or t > 1024:
+                return f"K/(8*vec)={t} threads must be a multiple of 32 and <= 1024"
+            if self.m_tile * self.rows > 64:
+                return "m_tile*rows > 64 accumulators"
+            return None
+        if k % 32:
+            return f"K={k} not a multiple of 32 (tensor-core kinds)"
+        steps = k // 32
+        if steps % (self.warps_k * self.unroll):
+            return f"K/32={steps} not divisible by warps_k*unroll={self.warps_k * self.unroll}"
+        if self.threads(k) > 1024:
+            return "more than 1024 threads"
+        return None
+
+
+def _tc(kind, m_tile, tiles, warps_n, warps_k, unroll):
+    return Config(kind=kind, m_tile=m_tile, tiles=tiles, warps_n=warps_n, warps_k=warps_k,
+                  unroll=unroll)
+
+
+def kind_for(n: int, k: int) -> str:
+    """Kernel kind chosen by shape."""
+    if k <= 512 and k % 32 == 0:
+        return "split_k"
+    if n <= 512 or k % 32:
+        return "split_n"
+    return "stream"
+
+
+def _m_tile(m: int, kind: str = "stream") -> int:
+    if kind == "split_n":  # CUDA-core kernel: compute only the rows that exist
+        return 1 << (max(m, 1) - 1).bit_length()
+    return 8 if m <= 8 else 16  # mma.sync tile rows
+
+
+def configs_for(m: int, n: int, k: int, kind: str | None = None) -> list[Config]:
+    """All eligible configs for this shape (for an autotuner to time)."""
+    kinds = [kind] if kind else list(dict.fromkeys([kind_for(n, k), "split_n", "stream", "split_k"]))
+    out: list[Config] = []
+    mt = _m_tile(m)
+    for kd in kinds:
+        cands: list[Config] = []
+        if kd == "split_n":
+            for rows in (1, 2, 3, 4):
+                for vec in (1, 2, 4):
+                    cands.append(Config(kind="split_n", m_tile=_m_tile(m, "split_n"), rows=rows,
+                                        vec=vec))
+        elif kd == "split_k":
+            for tiles in (1, 2):
+                for wn in (1, 2, 4):
+                    for u in (1, 2, 4):
+                        cands.append(_tc("split_k", mt, tiles, wn, 1, u))
+        else:
+            for tiles in (1, 2, 4):
+                for wk in (4, 8, 16):
+                    for u in (2, 4, 7, 8):
+                        cands.append(_tc("stream", mt, tiles, 1, wk, u))
+        out.extend(c for c in cands if c.check(m, n, k) is None)
+    return out
+
+
+# Default table (per kind, per M bucket), updated from the H200 sweep in
+# results/kda_kernels/. Values are (m <= bound) -> config parameters.
+_DEFAULTS: dict[str, list[tuple[int, dict]]] = {
+    "split_n": [
+        (2, dict(rows=1, vec=2)),
+        (8, dict(rows=1, vec=2)),
+        (16, dict(rows=1, vec=2)),
+    ],
+    "split_k": [
+        (8, dict(tiles=1, warps_n=2, warps_k=1, unroll=4)),
+        (16, dict(tiles=1, warps_n=2, warps_k=1, unroll=4)),
+    ],
+    "stream": [
+        (8, dict(tiles=2, warps_n=1, warps_k=8, unroll=4)),
+        (16, dict(tiles=2, warps_n=1, warps_k=8, unroll=4)),
+    ],
+}
+
+
+def default_config(m: int, n: int, k: int) -> Config:
+    kd = kind_for(n, k)
+    for bound, params in _DEFAULTS[kd]:
+        if m <= bound:
+            cfg = Config(kind=kd, m_tile=_m_tile(m, kd), **params)
+            if cfg.check(m, n, k) is None:
+                return cfg
+            break
+    cands = configs_for(m, n, k, kind=kd) or configs_for(m, n, k)
+    if not cands:
+        raise ValueError(f"no skinny-GEMM config for M={m} N={n} K={k}")
+    return cands[0]

@@ -1,0 +1,341 @@
+"""CuTe DSL skinny-GEMM kernels (imports cutlass: load lazily, see __init__.py).
+
+out[M, N] = x[M, K] @ w[N, K]^T with bf16 operands, fp32 accumulation, bf16 output.
+Shapes: x (M, K) with row stride sx (stride(1) == 1, sx % 8 == 0, 16-byte aligned base),
+w (N, K) contiguous, out (M, N) with row stride so (stride(1) == 1). M is a runtime
+value (<= m_tile); N and K are compile-time constants.
+
+PDL: weight vectors of the first K group are loaded before ``griddepcontrol.wait``;
+everything that reads x (written by the previous kernel) comes after it.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .config import Config
+
+try:  # 4.8 spelling
+    from cutlass.memory import SmemAllocator as _SmemAllocator
+except Exception:  # pragma: no cover - 4.3 spelling
+    from cutlass.utils import SmemAllocator as _SmemAllocator
+
+
+# --------------------------------------------------------------------------------------
+# PTX helpers
+# --------------------------------------------------------------------------------------
+def _i32x4(res):
+    return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
+
+
+@dsl_user_op
+def ld_weights_v4(addr: Int64, *, loc=None, ip=None):
+    """128-bit streaming load of read-only data (never written during the kernel)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return _i32x4(res)
+
+
+@dsl_user_op
+def ld_act_v4(addr: Int64, *, loc=None, ip=None):
+    """128-bit coherent load of activations (written by the previous kernel)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return _i32x4(res)
+
+
+@dsl_user_op
+def mma_k32(a, b, c, *, loc=None, ip=None):
+    """Two m16n8k16 bf16 mma.sync steps (K = 32) accumulating into fp32 c[0..3].
+
+    a: 8 x b32 (bf16x2) registers, steps 0 and 1 (a[0:4], a[4:8]);
+    b: 4 x b32 registers (steps 0 and 1: b[0:2], b[2:4]); c: 4 x f32.
+    """
+    ops = [Int32(v).ir_value(loc=loc, ip=ip) for v in list(a) + list(b)]
+    ops += [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32()] * 4),
+        ops,
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$12, $13}, {$16, $17, $18, $19};\n\t"
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{$0, $1, $2, $3}, {$8, $9, $10, $11}, {$14, $15}, {$0, $1, $2, $3};",
+        "=&f,=&f,=&f,=&f,r,r,r,r,r,r,r,r,r,r,r,r,f,f,f,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [Float32(llvm.extractvalue(T.f32(), res, [i])) for i in range(4)]
+
+
+@dsl_user_op
+def dot_bf16x2(w: Int32, x: Int32, acc: Float32, *, loc=None, ip=None):
+    """acc + w.lo*x.lo + w.hi*x.hi in fp32 (bf16x2 operands)."""
+    res = llvm.inline_asm(
+        T.f32(),
+        [Int32(w).ir_value(loc=loc, ip=ip), Int32(x).ir_value(loc=loc, ip=ip),
+         Float32(acc).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 wl, wh, xl, xh;\n\t"
+        "shl.b32 wl, $1, 16;\n\tand.b32 wh, $1, 0xffff0000;\n\t"
+        "shl.b32 xl, $2, 16;\n\tand.b32 xh, $2, 0xffff0000;\n\t"
+        "fma.rn.f32 $0, wl, xl, $3;\n\tfma.rn.f32 $0, wh, xh, $0;\n\t}",
+        "=&f,r,r,f",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return Float32(res)
+
+
+def _imin(a, b):
+    return cutlass.min(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# Tensor-core kernel (kinds split_k and stream)
+# --------------------------------------------------------------------------------------
+def build_tc(cfg: Config, n: int, k: int):
+    MT = cfg.m_tile
+    R = cfg.tiles
+    WN = cfg.warps_n
+    WK = cfg.warps_k
+    U = cfg.unroll
+    STEPS = k // 32
+    JW = STEPS // WK  # 32-wide K steps per warp
+    NIT = JW // U
+    NTHR = 32 * WN * WK
+    ROWS_BLK = 8 * R * WN
+    GRID = cfg.grid(n)
+    OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
+    PDL = cfg.pdl
+    N = n
+    K = k
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        t = lane % 4
+        wn = warp % WN
+        wk = warp // WN
+        n_tile0 = (bid * WN + wn) * (8 * R)
+
+        w_base = mW.iterator.toint()
+        # byte address of this lane's first weight vector in each n8 tile
+        w_addr = []
+        for r in cutlass.range_constexpr(R):
+            row = _imin(n_tile0 + r * 8 + g, N - 1)
+            w_addr.append(w_base + Int64(row) * (K * 2) + Int64((wk * JW * 32 + t * 8) * 2))
+
+        def load_w(it):
+            regs = []
+            for u in cutlass.range_constexpr(U):
+                for r in cutlass.range_constexpr(R):
+                    regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * 64)))
+            return regs
+
+        w_cur = load_w(0)
+        if cutlass.const_expr(PDL):
+            cute.arch.griddepcontrol_wait()
+
+        m_rows = mX.shape[0]
+        sx = mX.stride[0]
+        x_base = mX.iterator.toint()
+        koff = Int64((wk * JW * 32 + t * 8) * 2)
+        xg_addr = x_base + Int64(_imin(g, m_rows - 1)) * Int64(sx) * 2 + koff
+        xh_addr = x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff
+
+        def load_x(it):
+            regs = []
+            for u in cutlass.range_constexpr(U):
+                off = Int64((it * U + u) * 64)
+                xg = ld_act_v4(xg_addr + off)
+                if cutlass.const_expr(MT == 16):
+                    xh = ld_act_v4(xh_addr + off)
+                else:
+                    xh = [Int32(0)] * 4
+                regs.append((xg, xh))
+            return regs
+
+        x_cur = load_x(0)
+        acc = [[Float32(0.0)] * 4 for _ in range(R)]
+        for it in cutlass.range_constexpr(NIT):
+            if cutlass.const_expr(it + 1 < NIT):
+                w_nxt = load_w(it + 1)
+                x_nxt = load_x(it + 1)
+            for u in cutlass.range_constexpr(U):
+                xg, xh = x_cur[u]
+                a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
+                for r in cutlass.range_constexpr(R):
+                    acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
+            if cutlass.const_expr(it + 1 < NIT):
+                w_cur = w_nxt
+                x_cur = x_nxt
+
+        so = mO.stride[0]
+        if cutlass.const_expr(WK == 1):
+            for r in cutlass.range_constexpr(R):
+                for h in cutlass.range_constexpr(MT // 8):
+                    m = g + 8 * h
+                    for e in cutlass.range_constexpr(2):
+                        col = n_tile0 + r * 8 + 2 * t + e
+                        if m < m_rows:
+                            if col < N:
+                                mO[m, col] = acc[r][2 * h + e].to(BFloat16)
+        else:
+            smem = _SmemAllocator()
+            red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+            for r in cutlass.range_constexpr(R):
+                for h in cutlass.range_constexpr(MT // 8):
+                    for e in cutlass.range_constexpr(2):
+                        idx = ((wk * WN + wn) * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
+                        red[idx] = acc[r][2 * h + e]
+            cute.arch.sync_threads()
+            for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                idx = tid + p * NTHR
+                if idx < OUT_BLK:
+                    s = Float32(0.0)
+                    for q in cutlass.range_constexpr(WK):
+                        s = s + red[q * OUT_BLK + idx]
+                    col8 = idx % 8
+                    m = (idx // 8) % MT
+                    rr = (idx // (8 * MT)) % R
+                    wnn = idx // (8 * MT * R)
+                    col = (bid * WN + wnn) * (8 * R) + rr * 8 + col8
+                    if m < m_rows:
+                        if col < N:
+                            mO[m, col] = s.to(BFloat16)
+
+    @cute.jit
+    def host(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, stream):
+        kernel(mX, mW, mO).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1), stream=stream,
+                                  use_pdl=PDL)
+
+    _ = ROWS_BLK
+    return host
+
+
+# --------------------------------------------------------------------------------------
+# CUDA-core split-N kernel (small N, large K)
+# --------------------------------------------------------------------------------------
+def build_split_n(cfg: Config, n: int, k: int):
+    MT = cfg.m_tile
+    RB = cfg.rows
+    V = cfg.vec
+    NTHR = k // (8 * V)
+    NWARP = NTHR // 32
+    GRID = cfg.grid(n)
+    NACC = MT * RB
+    PDL = cfg.pdl
+    N = n
+    K = k
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        lane = tid % 32
+        warp = tid // 32
+        row0 = bid * RB
+        w_base = mW.iterator.toint()
+        wv = []
+        for r in cutlass.range_constexpr(RB):
+            row = _imin(row0 + r, N - 1)
+            rv = []
+            for v in cutlass.range_constexpr(V):
+                rv.append(ld_weights_v4(w_base + Int64(row) * (K * 2)
+                                        + Int64((tid + v * NTHR) * 16)))
+            wv.append(rv)
+        if cutlass.const_expr(PDL):
+            cute.arch.griddepcontrol_wait()
+
+        m_rows = mX.shape[0]
+        sx = mX.stride[0]
+        x_base = mX.iterator.toint()
+        acc = [Float32(0.0)] * NACC
+        for m in cutlass.range_constexpr(MT):
+            xr = _imin(Int32(m), m_rows - 1)
+            xa = x_base + Int64(xr) * Int64(sx) * 2
+            for v in cutlass.range_constexpr(V):
+                xv = ld_act_v4(xa + Int64((tid + v * NTHR) * 16))
+                for r in cutlass.range_constexpr(RB):
+                    a = acc[m * RB + r]
+                    for q in cutlass.range_constexpr(4):
+                        a = dot_bf16x2(wv[r][v][q], xv[q], a)
+                    acc[m * RB + r] = a
+
+        smem = _SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout(NWARP * NACC), byte_alignment=16)
+        for i in cutlass.range_constexpr(NACC):
+            s = cute.arch.warp_reduction_sum(acc[i])
+            if lane == 0:
+                red[warp * NACC + i] = s
+        cute.arch.sync_threads()
+        for p in cutlass.range_constexpr((NACC + NTHR - 1) // NTHR):
+            idx = tid + p * NTHR
+            if idx < NACC:
+                s = Float32(0.0)
+                for w in cutlass.range_constexpr(NWARP):
+                    s = s + red[w * NACC + idx]
+                m = idx // RB
+                col = row0 + idx % RB
+                if m < m_rows:
+                    if col < N:
+                        mO[m, col] = s.to(BFloat16)
+
+    @cute.jit
+    def host(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, stream):
+        kernel(mX, mW, mO).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1), stream=stream,
+                                  use_pdl=PDL)
+
+    return host
+
+
+def build_host(cfg: Config, n: int, k: int):
+    if cfg.kind == "split_n":
+        return build_split_n(cfg, n, k)
+    return build_tc(cfg, n, k)
+
+
+def fake_args(n: int, k: int):
+    """Fake tensors/stream for TVM-FFI compilation: M and the row strides are runtime."""
+    m = cute.sym_int()
+    sx = cute.sym_int64(divisibility=8)
+    so = cute.sym_int64()
+    x = cute.runtime.make_fake_tensor(BFloat16, (m, k), stride=(sx, 1), assumed_align=16)
+    w = cute.runtime.make_fake_tensor(BFloat16, (n, k), stride=(k, 1), assumed_align=16)
+    o = cute.runtime.make_fake_tensor(BFloat16, (m, n), stride=(so, 1), assumed_align=2)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return x, w, o, stream
+
+
+def compile_tvm_ffi(cfg: Config, n: int, k: int, extra_options: str = ""):
+    host = build_host(cfg, n, k)
+    x, w, o, stream = fake_args(n, k)
+    opts = "--enable-tvm-ffi" + (" " + extra_options if extra_options else "")
+    return cute.compile(host, x, w, o, stream, options=opts)
+
+
+_ = ir
