@@ -1,0 +1,109 @@
+"""Located diagnostics for plan files.
+
+Every error a user can cause is a PlanError carrying one or more Diagnostics that
+name the file, line and column of the offending YAML node. The CLI prints them and
+exits 2; nothing here ever shows a traceback to the user.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Loc", "Diagnostic", "PlanError", "closest", "did_you_mean"]
+
+# error classes, documented in docs/plan-language.md#errors
+CODES = {
+    "yaml": "the file is not valid YAML",
+    "limit": "the document is too large, too deep or uses aliases excessively",
+    "schema": "a field is missing, unknown or of the wrong type",
+    "expr": "an expression does not parse",
+    "name": "a name is not defined",
+    "type": "an expression has the wrong type",
+    "param": "a parameter cannot be evaluated or violates its constraints",
+    "shape": "shapes or dtypes do not agree",
+    "dup": "a name is defined twice",
+    "cycle": "the ops form a dependency cycle",
+    "include": "an include cannot be read or escapes the plan's directory",
+    "variant": "variants are malformed (missing fallback, differing outputs, ...)",
+    "stream": "a stream annotation is invalid",
+    "io": "the plan file cannot be read",
+}
+
+
+@dataclass(frozen=True)
+class Loc:
+    file: str
+    line: int = 0  # 1-based; 0 = unknown
+    col: int = 0
+
+    def __str__(self) -> str:
+        if self.line:
+            return f"{self.file}:{self.line}:{self.col}"
+        return self.file
+
+    def shift(self, dcol: int) -> Loc:
+        """Location `dcol` characters further on the same line (inside a scalar)."""
+        return Loc(self.file, self.line, self.col + dcol) if self.line else self
+
+
+@dataclass
+class Diagnostic:
+    code: str
+    message: str
+    loc: Loc | None = None
+    hint: str | None = None
+
+    def format(self) -> str:
+        where = f"{self.loc}: " if self.loc else ""
+        text = f"{where}error[{self.code}]: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+    def to_json(self) -> dict:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "file": self.loc.file if self.loc else None,
+            "line": self.loc.line if self.loc else None,
+            "col": self.loc.col if self.loc else None,
+            "hint": self.hint,
+        }
+
+
+@dataclass
+class PlanError(Exception):
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    @classmethod
+    def at(cls, loc: Loc | None, code: str, message: str, hint: str | None = None) -> PlanError:
+        return cls([Diagnostic(code, message, loc, hint)])
+
+    @property
+    def code(self) -> str:
+        return self.diagnostics[0].code if self.diagnostics else "schema"
+
+    def __str__(self) -> str:
+        return "\n".join(d.format() for d in self.diagnostics)
+
+
+def closest(name: str, candidates) -> str | None:
+    names = [c for c in candidates if isinstance(c, str)]
+    got = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return got[0] if got else None
+
+
+def did_you_mean(name: str, candidates) -> str | None:
+    c = closest(name, candidates)
+    return f"did you mean '{c}'?" if c else None
+
+
+def display_path(path: Path | str) -> str:
+    """Path as the user would type it: relative to the cwd when possible."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)

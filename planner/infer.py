@@ -1,0 +1,162 @@
+"""Shape and dtype inference over a plan's ops, in dependency order.
+
+Ops may be written in any order; we order them by data dependencies, report
+undefined tensors and cycles with locations, then let each op model infer its
+outputs through InferCtx.
+"""
+
+from __future__ import annotations
+
+from .errors import Loc, PlanError, did_you_mean
+from .expr import ExprError, eval_int, fold, free_names, parse
+from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec
+
+__all__ = ["InferCtx", "infer_all", "topo_order"]
+
+
+class _Fail(Exception):
+    def __init__(self, message, field=None, code="shape"):
+        self.message, self.field, self.code = message, field, code
+
+
+class InferCtx:
+    def __init__(self, tensors, params, dims, groups, probes):
+        self.tensors = tensors
+        self.params = params
+        self.dims = dims
+        self.groups = groups
+        self.probes = probes
+        self.op = None
+
+    def fail(self, message, field=None, code="shape"):
+        raise _Fail(message, field, code)
+
+    def tensor(self, name: str, field) -> TensorSpec:
+        t = self.tensors.get(name)
+        if t is None:
+            raise _Fail(f"unknown tensor '{name}'", field, "name")
+        return t
+
+    def group(self, name: str, field) -> int:
+        if name not in self.groups:
+            hint = did_you_mean(name, self.groups)
+            raise _Fail(f"unknown group '{name}'" + (f" ({hint})" if hint else " (declare it under 'groups:')"), field, "name")
+        return self.groups[name]
+
+    def dtype(self, name: str, field) -> str:
+        name = DTYPE_ALIASES.get(name, name)
+        if name not in DTYPES:
+            hint = did_you_mean(str(name), DTYPES)
+            raise _Fail(f"unknown dtype '{name}'" + (f" ({hint})" if hint else ""), field, "type")
+        return name
+
+    def dim(self, value, field):
+        if isinstance(value, bool):
+            raise _Fail("expected a dimension, got a boolean", field, "type")
+        if isinstance(value, int):
+            return value
+        try:
+            d = fold(parse(str(value)), self.params)
+        except ExprError as e:
+            raise _Fail(e.message, field, e.code) from None
+        for n in free_names(d) if not isinstance(d, int) else ():
+            if n not in self.dims:
+                hint = did_you_mean(n, list(self.params) + list(self.dims))
+                raise _Fail(f"unknown name '{n}' in '{value}'" + (f" ({hint})" if hint else ""), field, "name")
+        return d
+
+    def simplify(self, e):
+        try:
+            return fold(e, {})
+        except ExprError:
+            return e
+
+    @staticmethod
+    def at(d, binding) -> int:
+        return eval_int(d, binding)
+
+
+def topo_order(ops, known: set, locs: dict, field_locs: dict):
+    """Ops in dependency order (stable: plan order among ready ops)."""
+    producer = {}
+    for o in ops:
+        for n in o.out:
+            producer[n] = o
+    indeg = {o.id: 0 for o in ops}
+    users: dict[str, list] = {o.id: [] for o in ops}
+    for o in ops:
+        for i, n in enumerate(o.inputs()):
+            if n in producer:
+                p = producer[n]
+                if p.id == o.id:
+                    raise PlanError.at(locs.get(o.id), "cycle", f"op '{o.id}' reads its own output '{n}'")
+                indeg[o.id] += 1
+                users[p.id].append(o)
+            elif n not in known:
+                candidates = list(known) + list(producer)
+                loc = _field_loc(o, n, locs, field_locs)
+                raise PlanError.at(loc, "name", f"{o.op} '{o.id}' reads undefined tensor '{n}'",
+                                   did_you_mean(n, candidates))
+    import heapq
+    index = {o.id: i for i, o in enumerate(ops)}
+    ready = [(index[o.id], o.id) for o in ops if indeg[o.id] == 0]
+    heapq.heapify(ready)
+    by_id = {o.id: o for o in ops}
+    order = []
+    while ready:
+        _, oid = heapq.heappop(ready)
+        o = by_id[oid]
+        order.append(o)
+        for u in users[oid]:
+            indeg[u.id] -= 1
+            if indeg[u.id] == 0:
+                heapq.heappush(ready, (index[u.id], u.id))
+    if len(order) != len(ops):
+        left = [o for o in ops if indeg[o.id] > 0]
+        cycle = _find_cycle(left, producer)
+        first = cycle[0]
+        raise PlanError.at(locs.get(first), "cycle", "ops form a dependency cycle: " + " -> ".join(cycle + [first]))
+    return order
+
+
+def _find_cycle(left, producer):
+    ids = {o.id for o in left}
+    succ = {o.id: [producer[n].id for n in o.inputs() if n in producer and producer[n].id in ids] for o in left}
+    # walk predecessors until a node repeats
+    start = left[0].id
+    path, seen = [start], {start: 0}
+    cur = start
+    while True:
+        nxt = succ[cur][0]
+        if nxt in seen:
+            cyc = path[seen[nxt]:]
+            return list(reversed(cyc))
+        seen[nxt] = len(path)
+        path.append(nxt)
+        cur = nxt
+
+
+def _field_loc(op, name, locs, field_locs) -> Loc | None:
+    fl = field_locs.get(op.id, {})
+    for f in ("x", "a", "b", "xs", "args", "choices"):
+        v = getattr(op, f, None)
+        if v == name or (isinstance(v, list) and name in v):
+            return fl.get(f, locs.get(op.id))
+    return locs.get(op.id)
+
+
+def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
+    ctx = InferCtx(tensors, params, dims, groups, probes)
+    for op in topo_order(ops, set(tensors), locs, field_locs):
+        ctx.op = op
+        try:
+            specs = op.infer(ctx)
+        except _Fail as f:
+            key = f.field[0] if isinstance(f.field, tuple) else f.field
+            loc = field_locs.get(op.id, {}).get(key) or locs.get(op.id)
+            raise PlanError.at(loc, f.code, f"{op.op} '{op.id}': {f.message}") from None
+        for s in specs:
+            if s.name in tensors:
+                raise PlanError.at(locs.get(op.id), "dup", f"tensor '{s.name}' is defined twice")
+            s.producer = op.id
+            tensors[s.name] = s

@@ -1,0 +1,370 @@
+"""Load a plan file into a validated Plan: params, dims, tensors, ops with shapes.
+
+load_plan() is the single entry point. Every failure is a PlanError with a
+location; nothing from the plan is executed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from .document import load_tree, pydantic_error
+from .errors import Diagnostic, Loc, PlanError, did_you_mean
+from .expand import Expander
+from .expr import ExprError, evaluate, fold, free_names, parse, unparse
+from .infer import infer_all
+from .ir import DimSpec, Plan, Region, Variant
+from .ops import COLLECTIVES, Op
+from .predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
+from .shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec
+from .yamlsrc import Source
+
+__all__ = ["load_plan", "parse_overrides"]
+
+_OP_ADAPTER = TypeAdapter(Op)
+_NAME = re.compile(r"^[A-Za-z_]\w*$")
+_FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
+
+
+def parse_overrides(items: list[str] | None) -> dict:
+    """--set k=v pairs -> {k: int|str}."""
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise PlanError.at(None, "param", f"--set expects NAME=VALUE, got '{it}'")
+        k, v = it.split("=", 1)
+        k, v = k.strip(), v.strip()
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _expr_error(e: ExprError, loc: Loc) -> PlanError:
+    return PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint)
+
+
+# ---------------------------------------------------------------- params
+
+def _eval_params(decls: dict, overrides: dict) -> dict:
+    """decls: name -> (raw value, Source, path). Evaluated in dependency order."""
+    for k in overrides:
+        if k not in decls:
+            raise PlanError.at(None, "param", f"--set {k}: the plan has no param '{k}'", did_you_mean(k, decls))
+    exprs, values, meta = {}, {}, {}
+    for name, (raw, src, path) in decls.items():
+        loc = src.loc(path)
+        if not _NAME.match(name):
+            raise PlanError.at(loc, "param", f"'{name}' is not a valid param name")
+        spec = raw if isinstance(raw, dict) else {"value": raw}
+        bad = set(spec) - {"value", "choices", "min", "max", "doc"}
+        if bad:
+            k = sorted(bad)[0]
+            raise PlanError.at(src.loc(path + (k,)), "schema", f"unknown key '{k}' in param '{name}'",
+                               did_you_mean(k, ["value", "choices", "min", "max", "doc"]))
+        if "value" not in spec:
+            raise PlanError.at(loc, "param", f"param '{name}' needs a value")
+        meta[name] = (spec, src, path)
+        v = overrides.get(name, spec["value"])
+        vpath = path + ("value",) if isinstance(raw, dict) else path
+        if isinstance(v, str) and name not in overrides:
+            try:
+                exprs[name] = (parse(v), src.value_loc(vpath))
+            except ExprError as e:
+                raise _expr_error(e, src.value_loc(vpath)) from None
+        elif isinstance(v, (bool, int, str)) or (isinstance(v, list) and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in v)):
+            values[name] = v
+        else:
+            raise PlanError.at(src.loc(vpath), "type", f"param '{name}' must be an integer, string, list of integers or expression")
+    # dependency order
+    pending = dict(exprs)
+    env = {**{k: k for k in DTYPES}, **values}
+    while pending:
+        progressed = False
+        for name, (ast, loc) in list(pending.items()):
+            deps = free_names(ast) - {"true", "false"}
+            unknown = [d for d in deps if d not in decls and d not in DTYPES and d not in DTYPE_ALIASES]
+            if unknown:
+                raise PlanError.at(loc, "name", f"param '{name}' uses unknown name '{unknown[0]}'",
+                                   did_you_mean(unknown[0], decls))
+            if all(d in env or d in DTYPE_ALIASES for d in deps):
+                try:
+                    env[name] = evaluate(ast, {**{a: DTYPE_ALIASES[a] for a in DTYPE_ALIASES}, **env})
+                except ExprError as e:
+                    raise PlanError.at(loc.shift(e.pos), e.code, f"param '{name}': {e.message}", e.hint) from None
+                del pending[name]
+                progressed = True
+        if not progressed:
+            names = sorted(pending)
+            raise PlanError.at(pending[names[0]][1], "cycle", f"params depend on each other in a cycle: {', '.join(names)}")
+    params = {k: env[k] for k in decls}
+    for name, (spec, src, path) in meta.items():
+        v = params[name]
+        if "choices" in spec and v not in spec["choices"]:
+            where = "--set" if name in overrides else "value"
+            raise PlanError.at(src.loc(path), "param", f"param '{name}' = {v!r} ({where}) is not one of {spec['choices']}")
+        for bound, ok in (("min", lambda a, b: a >= b), ("max", lambda a, b: a <= b)):
+            if bound in spec and isinstance(v, int) and not ok(v, spec[bound]):
+                raise PlanError.at(src.loc(path), "param", f"param '{name}' = {v} violates {bound} {spec[bound]}")
+    return params
+
+
+# ---------------------------------------------------------------- dims, groups, tensors
+
+def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
+    out = {}
+    for name, (raw, src, path) in decls.items():
+        if name in params:
+            raise PlanError.at(src.loc(path), "dup", f"'{name}' is both a param and a dim")
+        spec = raw if isinstance(raw, dict) else {"range": raw}
+        bad = set(spec) - {"range", "buckets", "doc"}
+        if bad:
+            raise PlanError.at(src.loc(path), "schema", f"unknown key '{sorted(bad)[0]}' in dim '{name}'")
+        rng = spec.get("range")
+        loc = src.value_loc(path + (("range",) if isinstance(raw, dict) else ()))
+        if not isinstance(rng, str) or ".." not in rng:
+            raise PlanError.at(loc, "schema", f"dim '{name}' needs a range 'LO..HI', e.g. 1..8192")
+        lo_s, hi_s = rng.split("..", 1)
+        vals = []
+        for off, part in ((0, lo_s), (len(lo_s) + 2, hi_s)):
+            try:
+                v = evaluate(parse(part), params)
+            except ExprError as e:
+                raise _expr_error(e, loc.shift(off)) from None
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise PlanError.at(loc.shift(off), "type", f"dim '{name}' bounds must be integers")
+            vals.append(v)
+        lo, hi = vals
+        if not 0 <= lo <= hi:
+            raise PlanError.at(loc, "param", f"dim '{name}' range {lo}..{hi} is empty or negative")
+        buckets = spec.get("buckets")
+        if buckets is None:
+            buckets, b = [], 1
+            while b < hi:
+                if b >= lo:
+                    buckets.append(b)
+                b *= 2
+            buckets.append(hi)
+        elif not isinstance(buckets, list) or not all(isinstance(b, int) and lo <= b <= hi for b in buckets):
+            raise PlanError.at(src.loc(path + ("buckets",)), "param", f"buckets of '{name}' must be integers in {lo}..{hi}")
+        out[name] = DimSpec(name, lo, hi, sorted(set(buckets)))
+    return out
+
+
+def _groups(decls: dict, params: dict) -> dict[str, int]:
+    out = {}
+    for name, (raw, src, path) in decls.items():
+        v = raw.get("size") if isinstance(raw, dict) else raw
+        loc = src.value_loc(path + (("size",) if isinstance(raw, dict) else ()))
+        if isinstance(v, str):
+            try:
+                v = evaluate(parse(v), params)
+            except ExprError as e:
+                raise _expr_error(e, loc) from None
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise PlanError.at(loc, "param", f"group '{name}' needs a positive integer size")
+        out[name] = v
+    return out
+
+
+def _tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> TensorSpec:
+    loc = src.loc(path)
+    if isinstance(raw, str):
+        # bf16[d0, d1] contiguous   (or, quoted, "[d0, d1] bf16 contiguous")
+        m = re.match(r"^\s*([A-Za-z]\w*)\s*(\[.*\])\s*(.*)$", raw, re.S)
+        if m:
+            shape_text, words = m.group(2), [m.group(1)] + m.group(3).split()
+        else:
+            m = re.match(r"^\s*(\[.*\])\s*(.*)$", raw, re.S)
+            if not m:
+                raise PlanError.at(src.value_loc(path), "schema", f"tensor '{name}' must look like 'bf16[d0, d1]'")
+            shape_text, words = m.group(1), m.group(2).split()
+        spec = {"shape": shape_text, "dtype": words[0] if words else None}
+        for w in words[1:]:
+            if w != "contiguous":
+                raise PlanError.at(src.value_loc(path).shift(raw.find(w)), "schema", f"unknown tensor attribute '{w}'",
+                                   did_you_mean(w, ["contiguous"]))
+            spec["contiguous"] = True
+        vloc = src.value_loc(path)
+    elif isinstance(raw, dict):
+        spec = dict(raw)
+        bad = set(spec) - {"shape", "dtype", "contiguous", "doc"}
+        if bad:
+            k = sorted(bad)[0]
+            raise PlanError.at(src.loc(path + (k,)), "schema", f"unknown key '{k}' in tensor '{name}'",
+                               did_you_mean(k, ["shape", "dtype", "contiguous", "doc"]))
+        vloc = src.value_loc(path + ("shape",))
+    else:
+        raise PlanError.at(loc, "schema", f"tensor '{name}' must be '[d0, d1] dtype' or a mapping with shape and dtype")
+    dtype = spec.get("dtype")
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in DTYPES:
+        raise PlanError.at(loc, "type", f"tensor '{name}' has unknown dtype {dtype!r}", did_you_mean(str(dtype), DTYPES))
+    shape = spec.get("shape")
+    try:
+        items = parse(shape).items if isinstance(shape, str) else [parse(str(x)) for x in shape]
+    except (ExprError, AttributeError, TypeError) as e:
+        if isinstance(e, ExprError):
+            raise _expr_error(e, vloc) from None
+        raise PlanError.at(vloc, "schema", f"shape of '{name}' must be a list like [num_tokens, hidden]") from None
+    dims_out = []
+    for it in items:
+        try:
+            d = fold(it, params)
+        except ExprError as e:
+            raise _expr_error(e, vloc) from None
+        for n in free_names(d) if not isinstance(d, int) else ():
+            if n not in dims:
+                raise PlanError.at(vloc.shift(it.pos), "name", f"unknown name '{n}' in the shape of '{name}'",
+                                   did_you_mean(n, list(params) + list(dims)))
+        if any(v < 0 for v in probes.values(d)):
+            raise PlanError.at(vloc.shift(it.pos), "shape", f"dim '{unparse(it)}' of '{name}' can be negative")
+        dims_out.append(d)
+    return TensorSpec(name, tuple(dims_out), dtype, kind=kind, contiguous=bool(spec.get("contiguous", True)))
+
+
+def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander: Expander):
+    """`aux{i} for i in aux_layers: ...` keys -> one entry per value."""
+    for key, raw in section.items():
+        path = base + (key,)
+        m = _FOR_KEY.match(key)
+        if m:
+            var, vals = expander.loop_values(f"{m.group(2)} in {m.group(3)}", params, src.loc(path))
+            for v in vals:
+                yield expander.interp(m.group(1), {**params, var: v}, src.loc(path)), raw, path
+        else:
+            yield expander.interp(key, params, src.loc(path)), raw, path
+
+
+# ---------------------------------------------------------------- main
+
+def load_plan(path: str | Path, overrides: dict | None = None, text: str | None = None) -> Plan:
+    overrides = overrides or {}
+    tree = load_tree(Path(path), text)
+    root_src, root = tree[-1]
+    if not root.plan:
+        raise PlanError.at(root_src.loc(()), "schema", "'plan' (the plan's name) is required in a top-level plan file")
+
+    def merged(section: str) -> dict:
+        out: dict = {}
+        for src, doc in tree:
+            for k, v in getattr(doc, section).items():
+                if k in out and out[k][1] is not root_src and src is not root_src:
+                    raise PlanError.at(src.loc((section, k)), "dup",
+                                       f"{section[:-1]} '{k}' is defined in {out[k][1].file} and {src.file}")
+                out[k] = (v, src, (section, k))
+        return out
+
+    params = _eval_params(merged("params"), overrides)
+    dims = _dims(merged("dims"), params)
+    groups = _groups(merged("groups"), params)
+    tuned = {k: v for k, (v, _, _) in merged("tuned").items()}
+    probes = Probes({k: (d.lo, d.hi) for k, d in dims.items()})
+    blocks = {}
+    for src, doc in tree:
+        for k, b in doc.blocks.items():
+            if k in blocks:
+                raise PlanError.at(src.loc(("blocks", k)), "dup", f"block '{k}' is defined twice")
+            raw = src.data["blocks"][k]
+            if (b.ops is None) == (b.variants is None):
+                raise PlanError.at(src.loc(("blocks", k)), "schema", f"block '{k}' needs exactly one of 'ops' or 'variants'")
+            blocks[k] = (raw, src, ("blocks", k))
+    ex = Expander(params, blocks)
+
+    tensors: dict[str, TensorSpec] = {}
+    locs: dict[str, Loc] = {}
+    inputs, weights = [], []
+    for section, kind, lst in (("inputs", "input", inputs), ("weights", "weight", weights)):
+        for name, raw, p in _expand_keys(getattr(root, section), root_src, (section,), params, ex):
+            if not _NAME.match(name):
+                raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name")
+            if name in tensors:
+                raise PlanError.at(root_src.loc(p), "dup", f"tensor '{name}' is declared twice")
+            tensors[name] = _tensor_decl(name, raw, kind, root_src, p, params, dims, probes)
+            locs[name] = root_src.loc(p)
+            lst.append(name)
+
+    from .expand import Scope
+    top = Scope("", {n: n for n in tensors}, None)
+    outputs = []
+    for i, o in enumerate(root.outputs):
+        outputs += [n for n, _, _ in _expand_keys({o: None}, root_src, ("outputs", i), params, ex)]
+    entries = ex.flatten(root.ops, params, ("ops",), root_src) if root.ops is not None else []
+    if root.variants is not None:
+        entries.append(_region_entry(root, root_src, params, outputs))
+    if not entries:
+        raise PlanError.at(root_src.loc(()), "schema", "the plan has no 'ops' and no 'variants'")
+    ex.body(entries, top)
+
+    ops = []
+    op_ctx = {}
+    seen_ids = {}
+    for raw in ex.ops:
+        try:
+            model = _OP_ADAPTER.validate_python(raw.d)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            field = str(e["loc"][1]) if len(e["loc"]) > 1 else "op"
+            word = {"missing": "is required", "extra_forbidden": "is not a field of this op"}.get(e["type"], e["msg"])
+            raise PlanError.at(raw.field_locs.get(field, raw.loc), "schema", f"{raw.d.get('op')}: '{field}' {word}") from None
+        if model.id in seen_ids:
+            raise PlanError.at(raw.loc, "dup", f"op id '{model.id}' is used twice (first at {seen_ids[model.id]})")
+        seen_ids[model.id] = raw.loc
+        ops.append(model)
+        op_ctx[model.id] = raw.ctx
+        locs[model.id] = raw.loc
+    field_locs = {raw.d["id"]: raw.field_locs for raw in ex.ops}
+    infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs)
+
+    for i, o in enumerate(outputs):
+        if o not in tensors:
+            raise PlanError.at(root_src.loc(("outputs", i)), "name", f"output '{o}' is never produced",
+                               did_you_mean(o, tensors))
+    regions = _regions(ex, params, dims, tuned, tensors, ops, op_ctx)
+    return Plan(
+        name=root.plan, file=root_src.file, params=params, dims=dims, groups=groups, tuned=tuned,
+        tensors=tensors, inputs=inputs, weights=weights, outputs=outputs, ops=ops, regions=regions,
+        op_ctx=op_ctx, locs=locs, doc=root.doc, includes=[s.file for s, _ in tree[:-1]],
+    )
+
+
+def _region_entry(root, src, params, outputs):
+    from .expand import Entry
+    if not outputs:
+        raise PlanError.at(src.loc(("variants",)), "variant", "a plan with top-level 'variants' needs 'outputs'")
+    return Entry({"region": root.plan, "variants": root.variants, "outputs": outputs}, params, (), src)
+
+
+def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[str, Region]:
+    out = {}
+    for r in ex.regions:
+        variants = []
+        members = [o for o in ops if any(g[0] == r.id for g in op_ctx[o.id])]
+        has_coll = {v: any(o.op in COLLECTIVES and (r.id, v) in op_ctx[o.id] for o in members)
+                    for v, *_ in r.variants}
+        visible = set(tensors) | set(r.names)
+        for name, when_src, wloc, vloc in r.variants:
+            if when_src is None:
+                variants.append(Variant(name, None, None, vloc))
+                continue
+            try:
+                ast = parse(when_src)
+                uses = check_gate(ast, GateSchema(params, set(dims), tuned, visible))
+            except ExprError as e:
+                raise _expr_error(e, wloc) from None
+            rv = sorted(u for u in uses if u in RANK_VARYING)
+            if rv and any(has_coll.values()):
+                raise PlanError([Diagnostic(
+                    "variant", f"gate of variant '{name}' uses {rv[0]}, which can differ between ranks, but region"
+                    f" '{r.id}' has collectives: ranks could pick different variants and hang", wloc,
+                    "gate regions with collectives on rank-uniform facts only (params, dims, capturing, tuned.*)")])
+            simp = simplify_gate(rename_tensors(ast, r.names), params)
+            static = True if simp == parse("true") else False if simp == parse("false") else None
+            variants.append(Variant(name, simp, when_src, vloc, static, uses))
+        out[r.id] = Region(r.id, variants, r.outputs, loc=r.loc)
+    return out

@@ -1,0 +1,188 @@
+"""Safe YAML loading that remembers where every value came from.
+
+PyYAML's SafeLoader composes a node tree; we convert it ourselves so that
+  - only plain scalars, sequences and mappings exist (no tags, no objects),
+  - duplicate keys are errors instead of silent overwrites,
+  - size, depth and alias expansion are bounded (no billion laughs, no RecursionError),
+  - every value's (line, col) is kept in a side table keyed by its path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import Loc, PlanError
+
+__all__ = ["Source", "load_yaml"]
+
+MAX_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_NODES = 500_000
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+
+
+@dataclass
+class Source:
+    """A parsed YAML document plus the location of each of its nodes."""
+
+    file: str
+    data: object
+    locs: dict[tuple, Loc] = field(default_factory=dict)
+    vlocs: dict[tuple, Loc] = field(default_factory=dict)  # where a scalar's text starts
+
+    def value_loc(self, path: tuple) -> Loc:
+        """Location of the first character of the scalar at `path` (for expression columns)."""
+        return self.vlocs.get(tuple(path)) or self.loc(path)
+
+    def loc(self, path: tuple) -> Loc:
+        """Location of the node at `path`, or of its closest ancestor that has one."""
+        path = tuple(path)
+        while path:
+            if path in self.locs:
+                return self.locs[path]
+            path = path[:-1]
+        return self.locs.get((), Loc(self.file, 1, 1))
+
+
+class _Converter:
+    def __init__(self, file: str):
+        self.file = file
+        self.locs: dict[tuple, Loc] = {}
+        self.vlocs: dict[tuple, Loc] = {}
+        self.count = 0
+        self.ctor = yaml.SafeLoader.__new__(yaml.SafeLoader)
+        yaml.constructor.SafeConstructor.__init__(self.ctor)
+
+    def loc(self, node) -> Loc:
+        m = node.start_mark
+        return Loc(self.file, m.line + 1, m.column + 1)
+
+    def convert(self, root):
+        # iterative to survive deep documents; depth is already bounded by _check_depth
+        out_root: list = [None]
+        stack = [(root, (), out_root, 0)]
+        while stack:
+            node, path, parent, key = stack.pop()
+            self.count += 1
+            if self.count > MAX_NODES:
+                raise PlanError.at(
+                    self.loc(node), "limit",
+                    f"document has more than {MAX_NODES} nodes (aliases expanded)",
+                )
+            self.locs.setdefault(path, self.loc(node))
+            if isinstance(node, yaml.ScalarNode):
+                if node.style in ("'", '"'):
+                    self.vlocs[path] = self.loc(node).shift(1)
+                elif not node.style:
+                    self.vlocs[path] = self.loc(node)
+                if node.tag not in _SCALAR_TAGS:
+                    raise PlanError.at(self.loc(node), "schema", f"YAML tag '{node.tag}' is not allowed in a plan")
+                try:
+                    value = self.ctor.construct_object(node)
+                except Exception as exc:  # malformed scalar under an explicit standard tag
+                    raise PlanError.at(self.loc(node), "yaml", f"bad scalar: {exc}") from None
+                parent[key] = value
+            elif isinstance(node, yaml.SequenceNode):
+                if node.tag != "tag:yaml.org,2002:seq":
+                    raise PlanError.at(self.loc(node), "schema", f"YAML tag '{node.tag}' is not allowed in a plan")
+                seq = [None] * len(node.value)
+                parent[key] = seq
+                for i in reversed(range(len(node.value))):
+                    stack.append((node.value[i], path + (i,), seq, i))
+            elif isinstance(node, yaml.MappingNode):
+                if node.tag != "tag:yaml.org,2002:map":
+                    raise PlanError.at(self.loc(node), "schema", f"YAML tag '{node.tag}' is not allowed in a plan")
+                mapping: dict = {}
+                parent[key] = mapping
+                pending = []
+                for knode, vnode in node.value:
+                    if not isinstance(knode, yaml.ScalarNode):
+                        raise PlanError.at(self.loc(knode), "schema", "mapping keys must be plain scalars")
+                    k = self.ctor.construct_object(knode)
+                    if isinstance(k, bool) or k is None or isinstance(k, float):
+                        k = knode.value  # `on:`/`null:` keys keep their text
+                    k = str(k)
+                    if k == "<<":
+                        raise PlanError.at(self.loc(knode), "schema", "YAML merge keys ('<<') are not supported")
+                    if k in mapping:
+                        raise PlanError.at(self.loc(knode), "dup", f"duplicate key '{k}'")
+                    mapping[k] = None
+                    self.locs[path + (k,)] = self.loc(knode)
+                    pending.append((vnode, path + (k,), mapping, k))
+                stack.extend(reversed(pending))
+            else:  # pragma: no cover - PyYAML has only three node kinds
+                raise PlanError.at(self.loc(node), "yaml", "unknown YAML node")
+        return out_root[0]
+
+
+def _check_depth(text: str, file: str) -> None:
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    m = event.start_mark
+                    raise PlanError.at(Loc(file, m.line + 1, m.column + 1), "limit",
+                                       f"document nests deeper than {MAX_DEPTH} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, file) from None
+
+
+def _yaml_error(exc: yaml.YAMLError, file: str) -> PlanError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    loc = Loc(file, mark.line + 1, mark.column + 1) if mark else Loc(file)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    msg = f"YAML syntax: {problem}" + (f" ({context})" if context else "")
+    hint = None
+    if "found '<scalar>'" in problem and "block end" in problem:
+        hint = ("a value that starts with '[' is a YAML list; write a tensor type as bf16[d0, d1] or quote the"
+                " whole value")
+    elif "mapping values are not allowed" in problem:
+        hint = "a value containing ': ' must be quoted"
+    return PlanError.at(loc, "yaml", msg, hint)
+
+
+def load_yaml(path: Path | str, display: str | None = None, text: str | None = None) -> Source:
+    file = display or str(path)
+    if text is None:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise PlanError.at(Loc(file), "io", f"cannot read plan: {exc.strerror or exc}") from None
+        if len(raw) > MAX_BYTES:
+            raise PlanError.at(Loc(file), "limit", f"plan file is {len(raw)} bytes; the limit is {MAX_BYTES}")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PlanError.at(Loc(file), "yaml", f"plan is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    elif len(text) > MAX_BYTES:
+        raise PlanError.at(Loc(file), "limit", f"plan text is {len(text)} characters; the limit is {MAX_BYTES}")
+    _check_depth(text, file)
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, file) from None
+    except RecursionError:
+        raise PlanError.at(Loc(file), "limit", "document nests too deeply") from None
+    if not nodes or nodes[0] is None:
+        raise PlanError.at(Loc(file, 1, 1), "schema", "plan file is empty")
+    if len(nodes) > 1:
+        m = nodes[1].start_mark
+        raise PlanError.at(Loc(file, m.line + 1, m.column + 1), "schema", "a plan file holds one YAML document")
+    conv = _Converter(file)
+    data = conv.convert(nodes[0])
+    return Source(file, data, conv.locs, conv.vlocs)
