@@ -281,13 +281,14 @@ def sweep_candidates(which, m):
     mt8 = 8 if m <= 8 else 16
     if which in ("qkvg", "packed"):
         combos = [(1, 4, 4), (1, 8, 4), (1, 8, 7), (2, 4, 4), (2, 8, 2), (2, 8, 4), (2, 8, 7),
-                  (4, 4, 2), (4, 8, 2), (4, 8, 4), (1, 16, 2), (2, 16, 2), (2, 4, 8), (1, 4, 8)]
+                  (4, 4, 2), (4, 8, 2), (4, 8, 4), (1, 16, 2), (2, 16, 2), (2, 4, 8), (1, 4, 8),
+                  (1, 8, 2), (1, 4, 7), (1, 2, 8), (4, 4, 4), (8, 4, 2), (8, 8, 1)]
         cands = [Config("stream", m_tile=mt8, tiles=t, warps_k=wk, unroll=u) for t, wk, u in combos]
     elif which == "fb":
-        combos = [(1, 1, 4), (1, 2, 4), (1, 4, 4), (2, 1, 4), (2, 2, 4), (2, 4, 4), (1, 4, 2), (1, 1, 2)]
-        cands = [Config("split_k", m_tile=mt8, tiles=t, warps_n=wn, unroll=u) for t, wn, u in combos]
-        cands += [Config("stream", m_tile=mt8, tiles=1, warps_n=1, warps_k=4, unroll=1),
-                  Config("stream", m_tile=mt8, tiles=1, warps_n=2, warps_k=2, unroll=2)]
+        combos = [(1, 1, 1, 4), (1, 2, 1, 4), (1, 4, 1, 4), (2, 1, 1, 4), (1, 1, 4, 1),
+                  (1, 2, 2, 2), (1, 4, 2, 2), (1, 1, 2, 2), (2, 2, 2, 2), (1, 2, 4, 1), (2, 1, 4, 1)]
+        cands = [Config("split_k", m_tile=mt8, tiles=t, warps_n=wn, warps_k=wk, unroll=u)
+                 for t, wn, wk, u in combos]
     else:
         mt = 1 << (m - 1).bit_length()
         cands = [Config("split_n", m_tile=mt, rows=r, vec=v) for r in (1, 2, 3) for v in (1, 2, 4)]

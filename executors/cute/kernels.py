@@ -159,6 +159,9 @@ def build_tc(cfg: Config, n: int, k: int):
         w_cur = load_w(0)
         if cutlass.const_expr(PDL):
             cute.arch.griddepcontrol_wait()
+            # let the next kernel launch now: it prefetches its own weights and then
+            # blocks in its griddepcontrol.wait until this grid has finished
+            cute.arch.griddepcontrol_launch_dependents()
 
         m_rows = mX.shape[0]
         sx = mX.stride[0]
@@ -270,6 +273,9 @@ def build_split_n(cfg: Config, n: int, k: int):
             wv.append(rv)
         if cutlass.const_expr(PDL):
             cute.arch.griddepcontrol_wait()
+            # let the next kernel launch now: it prefetches its own weights and then
+            # blocks in its griddepcontrol.wait until this grid has finished
+            cute.arch.griddepcontrol_launch_dependents()
 
         m_rows = mX.shape[0]
         sx = mX.stride[0]
