@@ -155,13 +155,14 @@ def configs_for(m: int, n: int, k: int, kind: str | None = None) -> list[Config]
 # Default table (per kind, per M bucket), updated from the H200 sweep in
 # results/kda_kernels/. Values are (m <= bound) -> config parameters.
 _DEFAULTS: dict[str, list[tuple[int, dict]]] = {
-    # H200 sweep 2026-11-30 (results/kda_kernels/2026-11-30_h200_run1.*)
+    # H200 sweeps 2026-11-30 (results/kda_kernels/2026-11-30_h200_run*.*)
     "split_n": [  # F_A/beta [M,7168]x[144,7168]^T
         (4, dict(rows=1, vec=2)),
         (16, dict(rows=2, vec=4)),
     ],
-    "split_k": [  # F_B [M,128]x[1536,128]^T
-        (16, dict(tiles=1, warps_n=2, warps_k=2, unroll=2)),
+    "split_k": [  # F_B [M,128]x[1536,128]^T; one-warp blocks (all within 0.05 us of the
+        # best in run2) so they fit next to a full streaming grid and prefetch under PDL
+        (16, dict(tiles=2, warps_n=1, warps_k=1, unroll=4)),
     ],
     "stream": [  # QKVG / packed [M,7168]x[6144|6288,7168]^T
         (8, dict(tiles=1, warps_n=1, warps_k=8, unroll=7)),
