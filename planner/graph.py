@@ -36,6 +36,8 @@ class Compiled:
     streams: list[str] = field(default_factory=lambda: ["main"])
     schedule: list[str] = field(default_factory=list)
     events: dict[str, dict] = field(default_factory=dict)  # id -> {"op", "stream"}
+    exit_waits: list[str] = field(default_factory=list)     # events main waits on before returning
+    variants: dict = field(default_factory=dict)            # region id -> live Variants, in order
     report: dict = field(default_factory=dict)              # pass name -> what it decided
     passes_run: list[str] = field(default_factory=list)
 
@@ -69,7 +71,8 @@ def build_graph(plan: Plan) -> Compiled:
                     g.edges[p, op.id]["tensors"].append(name)
                 else:
                     g.add_edge(p, op.id, tensors=[name])
-    return Compiled(plan, g, tensors)
+    variants = {rid: list(r.variants) for rid, r in plan.regions.items()}
+    return Compiled(plan, g, tensors, variants=variants)
 
 
 def rebuild_edges(cp: Compiled) -> None:
@@ -151,7 +154,7 @@ def _verify_schedule(cp: Compiled) -> None:
     for u, v in g.edges:
         if pos[u] >= pos[v]:
             raise VerifyError(f"schedule runs {v} before its input {u}")
-    recorded: dict[str, str] = {}
+    recorded: dict[str, str | None] = {"entry": None} if "entry" in cp.events else {}
     for v in cp.schedule:
         d = g.nodes[v]
         for e in d["waits"]:
@@ -161,6 +164,9 @@ def _verify_schedule(cp: Compiled) -> None:
             if e not in cp.events or cp.events[e]["op"] != v:
                 raise VerifyError(f"{v} records unknown event {e}")
             recorded[e] = v
+    for e in cp.exit_waits:
+        if e not in recorded:
+            raise VerifyError(f"exit waits on event {e} that is never recorded")
     # every cross-stream dependency must be ordered by a chain of waits
     from .passes.events import happens_before
     hb = happens_before(cp)

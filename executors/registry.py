@@ -1,0 +1,100 @@
+"""Op implementations keyed by (op kind, backend), each with a capability check.
+
+An implementation is a factory specialised once per op at build time:
+  make(op, bctx) -> run(ins, b, out) -> tensor | list[tensor]
+  op    the pydantic op model (planner/ops.py)
+  bctx  build context: params, input specs, device, process groups, externs
+  ins   the op's input tensors, in op.inputs() order
+  b     this call's dim bindings ({"num_tokens": 7})
+  out   a preallocated destination (a slice of a packed buffer) or None; a runner
+        that cannot write there returns a fresh tensor and the caller copies it in.
+
+`supports(op, specs, device) -> None | reason` decides at build time whether a
+backend can run an op (specs: the TensorSpecs of the op's inputs). Lookup order:
+the op's explicit `backend` field, then the priority list, then torch, which
+covers every op on every device. An explicit backend that cannot run the op is an
+error naming the op and the backends tried; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["Impl", "register", "register_lazy", "lookup", "backends_for", "UnsupportedOp", "DEFAULT_PRIORITY"]
+
+
+class UnsupportedOp(Exception):
+    """No registered backend can run an op (or the explicitly requested one cannot)."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    kind: str
+    backend: str
+    make: Callable  # (op, bctx) -> run(ins, b, out)
+    supports: Callable  # (op, specs, device) -> None | str
+
+
+def _always(op, specs, device):
+    return None
+
+
+_REGISTRY: dict[tuple[str, str], Impl] = {}
+# optional backends register themselves lazily on first lookup (no GPU imports at import time)
+_LAZY: list[Callable[[], None]] = []
+_loaded_lazy = False
+DEFAULT_PRIORITY = ("cute", "flashinfer", "torch")
+
+
+def register(kind: str, backend: str, supports: Callable | None = None):
+    """Decorator: register a factory as the `backend` implementation of op `kind`."""
+    def deco(fn):
+        _REGISTRY[(kind, backend)] = Impl(kind, backend, fn, supports or _always)
+        return fn
+    return deco
+
+
+def register_lazy(loader: Callable[[], None]) -> None:
+    _LAZY.append(loader)
+
+
+def _ensure_loaded() -> None:
+    global _loaded_lazy
+    if not _loaded_lazy:
+        _loaded_lazy = True
+        from . import torch_ops  # noqa: F401  - the fallback backend registers itself
+        for load in _LAZY:
+            load()
+
+
+def backends_for(kind: str) -> list[str]:
+    _ensure_loaded()
+    return [b for (k, b) in _REGISTRY if k == kind]
+
+
+def lookup(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
+    """The implementation that runs `op`; raises UnsupportedOp with every reason."""
+    _ensure_loaded()
+    kind = op.op
+    requested = getattr(op, "backend", "auto")
+    tried: list[str] = []
+    if requested not in (None, "auto"):
+        order = [requested]
+    else:
+        order = [b for b in (prefs or DEFAULT_PRIORITY)]
+        if "torch" not in order:
+            order.append("torch")
+    for b in order:
+        impl = _REGISTRY.get((kind, b))
+        if impl is None:
+            tried.append(f"{b}: not registered for {kind}")
+            continue
+        try:
+            reason = impl.supports(op, specs, device)
+        except Exception as exc:  # noqa: BLE001 - a failing checker means "cannot run"
+            reason = f"capability check failed: {exc}"
+        if reason is None:
+            return impl
+        tried.append(f"{b}: {reason}")
+    raise UnsupportedOp(f"op '{op.id}' ({kind}) cannot run on {device}; tried " + "; ".join(tried))

@@ -1,0 +1,210 @@
+"""The torch backend: every op kind, on CPU and GPU. The fallback of the registry.
+
+Each factory folds the op's symbolic attributes against params once and returns a
+runner that only evaluates what depends on this call's dims. Views stay views
+(split/slice/view alias their input, as the plan's TensorSpecs say).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dims import dim_fn, shape_fn
+from .registry import register
+
+__all__ = ["TORCH_DTYPES", "torch_dtype", "gemm_torch"]
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
+                "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return TORCH_DTYPES[name]
+
+
+def _into(out, t):
+    """Copy t into the preallocated slot `out` when there is one."""
+    if out is None:
+        return t
+    out.copy_(t)
+    return out
+
+
+# ---------------------------------------------------------------- collectives (through the bound Comm)
+
+@register("all_gather", "torch")
+def _all_gather(op, bctx):
+    comm, dim = bctx.comm(op.group), op.dim
+    return lambda ins, b, out: comm.all_gather(ins[0], dim, out)
+
+
+@register("reduce_scatter", "torch")
+def _reduce_scatter(op, bctx):
+    comm, dim, red = bctx.comm(op.group), op.dim, op.reduce
+    return lambda ins, b, out: comm.reduce_scatter(ins[0], dim, red, out)
+
+
+@register("all_reduce", "torch")
+def _all_reduce(op, bctx):
+    comm, red = bctx.comm(op.group), op.reduce
+    return lambda ins, b, out: comm.all_reduce(ins[0], red, out)
+
+
+# ---------------------------------------------------------------- compute
+
+def gemm_torch(a, w, out_dtype, out=None):
+    """a @ w.T; accumulate in the wider dtype when out_dtype differs from the inputs'."""
+    if out_dtype == a.dtype:
+        if out is not None and out.is_contiguous():
+            return torch.mm(a, w.t(), out=out)
+        return _into(out, torch.mm(a, w.t()))
+    wide = out_dtype if out_dtype.itemsize > a.dtype.itemsize else a.dtype
+    r = torch.mm(a.to(wide), w.to(wide).t()).to(out_dtype)
+    return _into(out, r)
+
+
+@register("gemm", "torch")
+def _gemm(op, bctx):
+    dt = torch_dtype(op.out_dtype or bctx.specs[op.a].dtype)
+    return lambda ins, b, out: gemm_torch(ins[0], ins[1], dt, out)
+
+
+@register("add", "torch")
+def _add(op, bctx):
+    def run(ins, b, out):
+        if out is not None:
+            return torch.add(ins[0], ins[1], out=out)
+        return torch.add(ins[0], ins[1])
+    return run
+
+
+@register("extern", "torch")
+def _extern(op, bctx):
+    fn = bctx.extern(op.fn)
+    shape = shape_fn(op.shape, bctx.params)
+    dt = torch_dtype(op.dtype)
+    name = op.id
+
+    def run(ins, b, out):
+        r = fn(*ins)
+        want = shape(b)
+        if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != dt:
+            got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, torch.Tensor) else type(r).__name__
+            raise RuntimeError(f"extern '{op.fn}' (op '{name}') returned {got}; the plan declares {want} {dt}")
+        return _into(out, r)
+    return run
+
+
+# ---------------------------------------------------------------- data movement
+
+@register("split", "torch")
+def _split(op, bctx):
+    dim = op.dim
+    if isinstance(op.sizes, list):
+        fns = [dim_fn(s, bctx.params) for s in op.sizes]
+        return lambda ins, b, out: list(torch.split(ins[0], [f(b) for f in fns], dim))
+    chunk = dim_fn(op.sizes, bctx.params)
+    return lambda ins, b, out: list(torch.split(ins[0], chunk(b), dim))
+
+
+@register("cat", "torch")
+def _cat(op, bctx):
+    dim = op.dim
+    inplace = [x in set(op.inplace) for x in op.xs]
+    if not any(inplace):
+        def run(ins, b, out):
+            if out is not None and out.is_contiguous():
+                return torch.cat(ins, dim, out=out)
+            return _into(out, torch.cat(ins, dim))
+        return run
+
+    def run_packed(ins, b, out):
+        # members marked inplace were written straight into their slot of `out` already
+        if out is None:
+            raise RuntimeError(f"cat '{op.id}' has in-place members but no packed buffer was allocated")
+        d = dim % out.dim()
+        off = 0
+        for t, done in zip(ins, inplace):
+            n = t.shape[d]
+            if not done:
+                out.narrow(d, off, n).copy_(t)
+            off += n
+        if off != out.shape[d]:
+            raise RuntimeError(f"cat '{op.id}': members fill {off} of {out.shape[d]} on dim {d}")
+        return out
+    return run_packed
+
+
+@register("slice", "torch")
+def _slice(op, bctx):
+    dim = op.dim
+    start = dim_fn(op.start, bctx.params)
+    stop = None if op.stop is None else dim_fn(op.stop, bctx.params)
+
+    def run(ins, b, out):
+        x = ins[0]
+        s = start(b)
+        e = x.shape[dim] if stop is None else stop(b)
+        return x.narrow(dim, s, e - s)
+    return run
+
+
+@register("pad", "torch")
+def _pad(op, bctx):
+    dim = op.dim
+    mult = dim_fn(op.multiple, bctx.params)
+
+    def run(ins, b, out):
+        x = ins[0]
+        d = dim % x.dim()
+        n, m = x.shape[d], mult(b)
+        full = -(-n // m) * m
+        shape = list(x.shape)
+        shape[d] = full
+        y = out if out is not None else torch.empty(shape, dtype=x.dtype, device=x.device)
+        y.narrow(d, 0, n).copy_(x)
+        if full > n:
+            y.narrow(d, n, full - n).zero_()
+        return y
+    return run
+
+
+@register("shard", "torch")
+def _shard(op, bctx):
+    # vLLM sp_shard: pad `dim` to a multiple of the group size, keep this rank's chunk
+    comm, dim = bctx.comm(op.group), op.dim
+
+    def run(ins, b, out):
+        x = ins[0]
+        d = dim % x.dim()
+        size, rank = comm.size, comm.rank
+        n = x.shape[d]
+        pad = (-n) % size
+        if pad:
+            shape = list(x.shape)
+            shape[d] = n + pad
+            y = x.new_zeros(shape)
+            y.narrow(d, 0, n).copy_(x)
+            x = y
+        chunk = x.shape[d] // size
+        return _into(out, x.narrow(d, rank * chunk, chunk))
+    return run
+
+
+@register("copy", "torch")
+def _copy(op, bctx):
+    dt = torch_dtype(op.dtype) if op.dtype else None
+
+    def run(ins, b, out):
+        x = ins[0]
+        if out is not None:
+            return out.copy_(x)
+        y = torch.empty(x.shape, dtype=dt or x.dtype, device=x.device)
+        return y.copy_(x)
+    return run
+
+
+@register("view", "torch")
+def _view(op, bctx):
+    shape = shape_fn(op.shape, bctx.params)
+    return lambda ins, b, out: ins[0].view(shape(b))

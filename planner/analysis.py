@@ -1,0 +1,109 @@
+"""Timing analyses shared by passes and the report: bindings, critical paths, slack."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from .cost import CostModel
+from .graph import Compiled, compatible
+from .predicates import Facts, compile_gate
+
+__all__ = ["allowed_buckets", "rep_bindings", "op_costs", "simulate", "variant_choice"]
+
+
+def _optimistic_facts(cp: Compiled, dims: dict, tuned: dict) -> Facts:
+    class _AnyTensor:  # gates asked about tensors see the planned layout
+        def __init__(self, spec):
+            self.spec = spec
+
+        def is_contiguous(self):
+            return self.spec.contiguous
+
+        @property
+        def dtype(self):
+            return {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}.get(self.spec.dtype, self.spec.dtype)
+
+        @property
+        def shape(self):
+            from .expr import eval_int
+            return [eval_int(d, dims) for d in self.spec.shape]
+
+    class _Lazy(dict):
+        def __missing__(self, k):
+            return _AnyTensor(cp.tensors[k])
+    return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, tensors=_Lazy())
+
+
+def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
+    """Dim bindings (from the dims' buckets) under which every gate of `ctx` can hold."""
+    plan = cp.plan
+    names = list(plan.dims)
+    if not names:
+        return [{}]
+    first = plan.dims[names[0]]
+    cands = [{**{n: plan.dims[n].hi for n in names[1:]}, names[0]: b} for b in first.buckets]
+    variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in plan.regions.items()}
+    out = []
+    for b in cands:
+        ok = True
+        for rid, vname in ctx:
+            vs = variants.get(rid, [])
+            facts = _optimistic_facts(cp, b, tuned)
+            for v in vs:
+                if v.name == vname:
+                    if v.when is not None and not compile_gate(v.when)(facts):
+                        ok = False
+                    break
+        if ok:
+            out.append(b)
+    return out or cands
+
+
+def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
+    """The median allowed bucket: the size the planner optimizes a scope for."""
+    b = allowed_buckets(cp, ctx, tuned)
+    return b[len(b) // 2]
+
+
+def op_costs(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float]:
+    return {v: model.op_us(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
+
+
+def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
+    """Region -> variant: `name` where the region has it, else the fallback."""
+    variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in cp.plan.regions.items()}
+    out = {}
+    for rid, vs in variants.items():
+        names = [v.name for v in vs]
+        out[rid] = name if name in names else names[-1]
+    return out
+
+
+def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: float = 1.0,
+             order: list | None = None) -> tuple[float, dict]:
+    """Makespan of the schedule on its streams; ops outside `choice` are skipped.
+
+    Streams run their ops in order; a cross-stream dependency costs event_us.
+    Returns (makespan, finish time per op).
+    """
+    g = cp.graph
+    order = order or cp.schedule or list(nx.topological_sort(g))
+    ctx_choice = tuple(sorted((choice or {}).items()))
+    free: dict[str, float] = {}
+    finish: dict[str, float] = {}
+    for v in order:
+        d = g.nodes[v]
+        if choice is not None and not compatible(ctx_choice, d["ctx"]):
+            continue
+        s = d["stream"]
+        start = free.get(s, 0.0)
+        for u in g.predecessors(v):
+            if u in finish:
+                extra = event_us if g.nodes[u]["stream"] != s else 0.0
+                start = max(start, finish[u] + extra)
+        finish[v] = start + costs[v]
+        free[s] = finish[v]
+    span = max(finish.values(), default=0.0)
+    if any(g.nodes[v]["stream"] != "main" for v in finish):
+        span += event_us  # the join back to the caller's stream
+    return span, finish

@@ -1,0 +1,119 @@
+"""Cost model: per-op time estimates from FLOPs and bytes against a device profile.
+
+Defaults are an H200 as measured in shared/reference/kimi-k3.md (HBM read 4.23 TB/s,
+bf16 matmul ~790 TFLOP/s, NCCL all-gather over NVLink ~10 us latency and ~220 GB/s
+effective per rank). A tuning file's measured times override the model per
+(op signature, dim bucket).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .errors import PlanError
+from .expr import eval_int
+from .shapes import DTYPES
+
+__all__ = ["DeviceProfile", "CostModel", "op_signature"]
+
+
+@dataclass
+class DeviceProfile:
+    name: str = "H200 (defaults)"
+    bf16_tflops: float = 790.0       # dense bf16 matmul on random data
+    hbm_gbps: float = 4230.0         # streaming read bandwidth
+    kernel_us: float = 2.0           # fixed cost of one small kernel in a graph
+    gemm_fixed_us: float = 4.0       # extra fixed cost of a GEMM (tail, tiles not filling the GPU)
+    coll_latency_us: float = 10.0    # one NCCL collective, small message
+    coll_gbps: float = 220.0         # received bytes per second per rank (NVLink, NCCL)
+    event_us: float = 1.0            # one cross-stream record+wait pair
+    measured: dict = field(default_factory=dict)  # op signature -> {bucket: us}
+
+    @classmethod
+    def load(cls, path: str | None, overrides: dict | None = None) -> DeviceProfile:
+        data: dict = {}
+        if path:
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise PlanError.at(None, "io", f"cannot read device profile {path}: {exc}") from None
+            if not isinstance(data, dict):
+                raise PlanError.at(None, "schema", f"device profile {path} must be a JSON object")
+        data.update(overrides or {})
+        known = {f.name for f in fields(cls)}
+        bad = [k for k in data if k not in known]
+        if bad:
+            raise PlanError.at(None, "schema", f"device profile has unknown field '{bad[0]}' (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("measured")
+        return d
+
+
+def op_signature(op, specs_in, bindings) -> str:
+    """A key that identifies an op's work at given dims, used by tuning files."""
+    dims = lambda s: "x".join(str(eval_int(d, bindings)) for d in s.shape)  # noqa: E731
+    if op.op == "gemm":
+        a, b = specs_in
+        return f"gemm:{a.dtype}:M={eval_int(a.shape[0], bindings)},N={eval_int(b.shape[0], bindings)},K={eval_int(b.shape[1], bindings)}"
+    return f"{op.op}:" + ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_in)
+
+
+class CostModel:
+    def __init__(self, profile: DeviceProfile, groups: dict[str, int]):
+        self.p = profile
+        self.groups = groups
+
+    def op_us(self, op, tensors: dict, bindings: dict) -> float:
+        """Estimated time of one op at the given dim bindings."""
+        p = self.p
+        ins = [tensors[n] for n in op.inputs()]
+        outs = [tensors[n] for n in op.out if n in tensors]
+        if p.measured:
+            hit = p.measured.get(op_signature(op, ins, bindings))
+            if hit is not None:
+                return float(hit)
+        nbytes = lambda s: _numel(s, bindings) * DTYPES[s.dtype]  # noqa: E731
+        k = op.op
+        if k in ("split", "slice", "view", "select"):
+            return 0.0
+        if k == "extern":
+            return float(op.cost_us or 0.0)
+        if k == "gemm":
+            a, b = ins
+            m, n, kk = (eval_int(a.shape[0], bindings), eval_int(b.shape[0], bindings), eval_int(b.shape[1], bindings))
+            if m == 0:
+                return 0.0
+            flops = 2.0 * m * n * kk
+            moved = nbytes(a) + nbytes(b) + nbytes(outs[0])
+            return p.kernel_us + p.gemm_fixed_us + max(flops / (p.bf16_tflops * 1e6), moved / (p.hbm_gbps * 1e3))
+        if k in ("all_gather", "reduce_scatter", "all_reduce"):
+            w = self.groups.get(op.group, 1)
+            if w <= 1:
+                return p.kernel_us
+            if k == "all_gather":
+                received = nbytes(outs[0]) * (w - 1) / w
+            elif k == "reduce_scatter":
+                received = nbytes(ins[0]) * (w - 1) / w
+            else:
+                received = 2 * nbytes(ins[0]) * (w - 1) / w
+            return p.coll_latency_us + received / (p.coll_gbps * 1e3)
+        if k == "cat":
+            moved = sum(nbytes(s) for s, name in zip(ins, op.xs, strict=True) if name not in op.inplace)
+            return p.kernel_us + 2 * moved / (p.hbm_gbps * 1e3) if moved else 0.0
+        if k == "add":
+            return p.kernel_us + 3 * nbytes(outs[0]) / (p.hbm_gbps * 1e3)
+        if k in ("copy", "pad", "shard"):
+            return p.kernel_us + 2 * nbytes(outs[0]) / (p.hbm_gbps * 1e3)
+        return p.kernel_us
+
+
+def _numel(spec, bindings) -> int:
+    n = 1
+    for d in spec.shape:
+        n *= eval_int(d, bindings)
+    return n

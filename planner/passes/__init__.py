@@ -1,0 +1,18 @@
+"""Planner passes. Each is fn(compiled, config) -> (compiled, changed), in its own module."""
+
+from . import assign_streams, dce, events, fuse_collectives, memory
+
+__all__ = ["PIPELINE", "PASS_NAMES"]
+
+# the one explicit, ordered pipeline
+PIPELINE = [
+    (dce.NAME, dce.run),
+    (fuse_collectives.NAME, fuse_collectives.run),
+    (assign_streams.NAME, assign_streams.run),
+    (events.SCHEDULE, events.schedule),
+    (events.NAME, events.derive),
+    (memory.NAME, memory.run),
+]
+PASS_NAMES = [n for n, _ in PIPELINE]
+# passes the later ones need; disabling them disables what depends on them
+REQUIRED = {events.SCHEDULE, events.NAME}

@@ -1,0 +1,69 @@
+"""dce: remove variants whose gate folds to false, and ops nothing reads.
+
+Pre: a built graph. Post: every op reaches a plan output; every region keeps its
+live variants in order (a variant whose gate folds to true makes the later ones
+dead); select ops list only live variants.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from ..graph import Compiled
+
+NAME = "dce"
+
+
+def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
+    g = cp.graph
+    notes: list[str] = []
+    by_msg: dict[str, list] = {}
+    dead_variants: set = set()
+    for rid, vs in cp.variants.items():
+        live = []
+        for v in vs:
+            if v.static is False:
+                dead_variants.add((rid, v.name))
+                by_msg.setdefault(f"variant '{v.name}' removed: its gate is false for these params"
+                                  f" ({' '.join(v.when_src.split())})", []).append(rid)
+                continue
+            live.append(v)
+            if v.static is True:
+                for w in vs[vs.index(v) + 1:]:
+                    dead_variants.add((rid, w.name))
+                    by_msg.setdefault(f"variant '{w.name}' removed: '{v.name}' always applies", []).append(rid)
+                break
+        cp.variants[rid] = live
+    for msg, rids in by_msg.items():
+        where = rids[0] if len(rids) == 1 else f"{len(rids)} regions ({rids[0]}, ...)"
+        notes.append(f"{where}: {msg}")
+    removed = set()
+    if dead_variants:
+        for v, d in list(g.nodes(data=True)):
+            if any(c in dead_variants for c in d["ctx"]):
+                removed.add(v)
+        for v, d in g.nodes(data=True):
+            op = d["op"]
+            if op.op == "select" and any((op.region, n) in dead_variants for n in op.variants):
+                keep = [i for i, n in enumerate(op.variants) if (op.region, n) not in dead_variants]
+                op.choices = [op.choices[i] for i in keep]
+                op.variants = [op.variants[i] for i in keep]
+    g.remove_nodes_from(removed)
+    # unreachable ops: nothing downstream is a plan output
+    outputs = {cp.tensors[o].producer for o in cp.plan.outputs if cp.tensors[o].producer}
+    keep = set(outputs)
+    for o in outputs:
+        keep |= nx.ancestors(g, o)
+    unused = [v for v in g.nodes if v not in keep]
+    if unused:
+        notes.append(f"removed {len(unused)} op(s) whose results are never used: " + ", ".join(sorted(unused)[:5])
+                     + (" ..." if len(unused) > 5 else ""))
+    g.remove_nodes_from(unused)
+    gone = removed | set(unused)
+    for name in [n for n, t in cp.tensors.items() if t.producer in gone]:
+        del cp.tensors[name]
+    # edges from removed variant ops into selects are gone with their nodes; rebuild to be safe
+    from ..graph import rebuild_edges
+    rebuild_edges(cp)
+    cp.report[NAME] = notes
+    return cp, bool(gone)

@@ -1,0 +1,227 @@
+"""schedule + derive-events: the issue order, then the minimal records and waits.
+
+schedule — Pre: streams assigned. Post: cp.schedule lists every op once in a
+deterministic topological order (plan order among ready ops).
+
+derive-events — Pre: a schedule. Post: each op's `waits`/`records` and
+cp.events/cp.exit_waits, such that every cross-stream dependency is ordered and
+no wait is redundant. Views (split/slice/view/select) do no GPU work: a reader
+of a view depends on the view's producer instead, and views never wait.
+Vector clocks give minimality: an op waits on stream t only if what it needs on
+t is later than everything its stream already knows to be complete, and then
+only on the latest such op. Knowledge learned through an event recorded inside
+a variant is used only by ops that run exactly when that event is recorded.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from ..graph import Compiled, compatible
+from ..ops import VIEW_OPS
+
+SCHEDULE = "schedule"
+NAME = "derive-events"
+ENTRY = "entry"
+
+
+def schedule(cp: Compiled, cfg) -> tuple[Compiled, bool]:
+    index = {o.id: i for i, o in enumerate(cp.plan.ops)}
+    order = list(nx.lexicographical_topological_sort(cp.graph, key=lambda v: (index.get(v, 1 << 60), v)))
+    changed = order != cp.schedule
+    cp.schedule = order
+    per_stream = {}
+    for v in order:
+        per_stream.setdefault(cp.graph.nodes[v]["stream"], []).append(v)
+    cp.report[SCHEDULE] = {s: len(ops) for s, ops in per_stream.items()}
+    return cp, changed
+
+
+def _is_view(g, v) -> bool:
+    return g.nodes[v]["op"].op in VIEW_OPS
+
+
+def real_preds(g, v, memo: dict) -> set:
+    """Producers of v's inputs with GPU work, looking through views. 'entry' stands for plan inputs."""
+    out = set()
+    for name in g.nodes[v]["op"].inputs():
+        out |= _source(g, name, memo)
+    return out
+
+
+def _source(g, tensor_name, memo) -> set:
+    key = ("t", tensor_name)
+    if key in memo:
+        return memo[key]
+    t = memo["_tensors"].get(tensor_name)
+    prod = t.producer if t is not None else None
+    if prod is None:
+        res = {ENTRY}
+    elif _is_view(g, prod):
+        res = set()
+        for n in g.nodes[prod]["op"].inputs():
+            res |= _source(g, n, memo)
+    else:
+        res = {prod}
+    memo[key] = res
+    return res
+
+
+def _implied(producer_ctx: tuple, consumer_ctx: tuple) -> bool:
+    """Whenever the consumer runs, the producer ran (its guards are a subset)."""
+    return set(producer_ctx) <= set(consumer_ctx)
+
+
+def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
+    g = cp.graph
+    streams = cp.streams
+    memo: dict = {"_tensors": cp.tensors}
+    pos: dict[str, int] = {}
+    counters = {s: 0 for s in streams}
+    for v in cp.schedule:
+        g.nodes[v]["waits"], g.nodes[v]["records"] = [], []
+        if not _is_view(g, v):
+            s = g.nodes[v]["stream"]
+            counters[s] += 1
+            pos[v] = counters[s]
+    events: dict[str, dict] = {}
+    clock_of: dict[str, dict] = {}
+    zero = {t: 0 for t in streams} | {ENTRY: 0}
+    # what a stream knows is complete, valid for any variant choice; plus per-context knowledge
+    uncond = {s: dict(zero, main=0) for s in streams}
+    uncond["main"][ENTRY] = 1
+    in_ctx: dict[tuple, dict] = {}
+    n_waits = 0
+
+    def record(u):
+        eid = f"ev.{u}"
+        if eid not in events:
+            events[eid] = {"op": u, "stream": g.nodes[u]["stream"]}
+            g.nodes[u]["records"].append(eid)
+        return eid
+
+    for v in cp.schedule:
+        if _is_view(g, v):
+            continue
+        d = g.nodes[v]
+        s, ctx = d["stream"], d["ctx"]
+        known = dict(uncond[s])
+        if ctx:
+            for k, val in in_ctx.get((s, ctx), {}).items():
+                known[k] = max(known[k], val)
+        need: dict[str, tuple[int, str]] = {}
+        for u in real_preds(g, v, memo):
+            if u == ENTRY:
+                if not known[ENTRY]:
+                    need[ENTRY] = (1, ENTRY)
+                continue
+            t = g.nodes[u]["stream"]
+            if t == s or known[t] >= pos[u]:
+                continue
+            if t not in need or need[t][0] < pos[u]:
+                need[t] = (pos[u], u)
+        for t, (_, u) in sorted(need.items()):
+            n_waits += 1
+            if u == ENTRY:
+                d["waits"].append(ENTRY)
+                known[ENTRY] = 1
+                continue
+            d["waits"].append(record(u))
+            if _implied(g.nodes[u]["ctx"], ctx):
+                for k, val in clock_of[u].items():
+                    known[k] = max(known[k], val)
+            else:  # the event may not be recorded when v runs: only its direct wait counts
+                known[t] = max(known[t], 0)
+        known[s] = pos[v]
+        clock_of[v] = known
+        if ctx:
+            in_ctx[(s, ctx)] = known
+            uncond[s][s] = pos[v]
+        else:
+            uncond[s] = dict(known)
+    # the join: main must know every aux stream's work is done before returning
+    waited = {}
+    for v in cp.schedule:
+        if g.nodes[v]["stream"] == "main":
+            for e in g.nodes[v]["waits"]:
+                r = events.get(e, {}).get("op")
+                if r:
+                    key = (g.nodes[r]["stream"], g.nodes[r]["ctx"])
+                    waited[key] = max(waited.get(key, 0), pos[r])
+    exit_waits = []
+    for t in streams:
+        if t == "main":
+            continue
+        ops_t = [v for v in cp.schedule if not _is_view(g, v) and g.nodes[v]["stream"] == t]
+        for u in _possible_lasts(g, ops_t):
+            ctx_u = g.nodes[u]["ctx"]
+            if waited.get((t, ()), 0) >= pos[u] or waited.get((t, ctx_u), 0) >= pos[u]:
+                continue
+            exit_waits.append(record(u))
+    if any(ENTRY in g.nodes[v]["waits"] for v in g.nodes):
+        events[ENTRY] = {"op": None, "stream": "main"}
+    cp.events = events
+    cp.exit_waits = exit_waits
+    cp.report[NAME] = {"events": len(events), "waits": n_waits + len(exit_waits), "exit_waits": len(exit_waits)}
+    return cp, bool(events)
+
+
+def _possible_lasts(g, ops_on_stream: list[str]) -> list[str]:
+    """Ops that are the last on their stream for some choice of variants."""
+    out: list[str] = []
+    for v in reversed(ops_on_stream):
+        ctx = g.nodes[v]["ctx"]
+        if any(_implied(g.nodes[w]["ctx"], ctx) for w in out):
+            continue  # a later op runs whenever this one does
+        out.append(v)
+        if not ctx:
+            break
+    return list(reversed(out))
+
+
+def happens_before(cp: Compiled):
+    """hb(u, v): u's work is ordered before v's on the GPU, for any variant choice where both run."""
+    g = cp.graph
+    memo: dict = {"_tensors": cp.tensors}
+    stream_pos = {}
+    counters: dict[str, int] = {}
+    for v in cp.schedule:
+        if _is_view(g, v):
+            continue
+        s = g.nodes[v]["stream"]
+        counters[s] = counters.get(s, 0) + 1
+        stream_pos[v] = counters[s]
+    rec = {e: info["op"] for e, info in cp.events.items()}
+    cache: dict = {}
+
+    def hb(u, v):
+        srcs = {u} if not _is_view(g, u) else real_preds(g, u, memo)
+        dsts = [v] if not _is_view(g, v) else [w for w in g.successors(v)]
+        return all(_hb(a, b) for a in srcs if a != ENTRY for b in dsts if not _is_view(g, b)) if dsts else True
+
+    def _hb(a, b):
+        key = (a, b)
+        if key in cache:
+            return cache[key]
+        sa, sb = g.nodes[a]["stream"], g.nodes[b]["stream"]
+        ok = False
+        if sa == sb:
+            ok = stream_pos[a] < stream_pos[b]
+        else:
+            # some earlier-or-equal op on b's stream (or b itself) waited on an event recorded at/after a
+            for w in [x for x in cp.schedule if not _is_view(g, x) and g.nodes[x]["stream"] == sb
+                      and stream_pos[x] <= stream_pos[b]]:
+                for e in g.nodes[w]["waits"]:
+                    r = rec.get(e)
+                    if r is None:
+                        continue
+                    if r == a or (g.nodes[r]["stream"] == sa and stream_pos[r] >= stream_pos[a]) or _hb(a, r):
+                        both = tuple(set(g.nodes[a]["ctx"]) | set(g.nodes[b]["ctx"]))
+                        if _implied(g.nodes[r]["ctx"], both) or r == a:
+                            ok = True
+                            break
+                if ok:
+                    break
+        cache[key] = ok
+        return ok
+    return hb

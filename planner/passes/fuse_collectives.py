@@ -1,0 +1,255 @@
+"""fuse-collectives: merge independent collectives into packed buckets.
+
+Pre: dce ran. Post: collectives of the same kind, process group, dim, dtype,
+reduction and variant context with no path between them, within the byte cap,
+and whose merge does not delay any member past its slack on the critical path,
+are replaced by   pack (cat) -> one collective -> unpack (split into the
+original output names). Readers are unchanged. Every rank compiles the same
+plan deterministically, so every rank issues the same collectives in the same
+order.
+
+Zero-copy packing: a member whose producer can write into a strided slot
+(gemm, add, copy) gets `out_slot` and is not copied by the pack; members made by
+opaque code or given as plan inputs are copied. The report says which and why.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from ..analysis import op_costs, rep_bindings
+from ..cost import CostModel
+from ..expr import Bin, Num, unparse
+from ..graph import Compiled, rebuild_edges
+from ..infer import InferCtx
+from ..ops import COLLECTIVES, Cat, Split
+from ..shapes import DTYPES
+
+NAME = "fuse-collectives"
+INPLACE_WRITERS = {"gemm", "add", "copy"}
+
+
+def _pack_dim(specs, probes, coll_dim: int | None):
+    """A dim along which members can be concatenated: all other dims agree."""
+    rank = specs[0].rank
+    if any(s.rank != rank for s in specs):
+        return None
+    order = [rank - 1] + list(range(rank - 1)) if rank else []
+    for p in order:
+        if coll_dim is not None and p == coll_dim:
+            continue
+        if all(all(probes.equal(a, b) for j, (a, b) in enumerate(zip(specs[0].shape, s.shape, strict=True)) if j != p)
+               for s in specs[1:]):
+            return p
+    return None
+
+
+def _key(cp: Compiled, v: str):
+    d = cp.graph.nodes[v]
+    op = d["op"]
+    x = cp.tensors[op.x]
+    dim = getattr(op, "dim", None)
+    if dim is not None:
+        dim = dim % x.rank
+    return (op.op, op.group, dim, x.dtype, getattr(op, "reduce", None), d["ctx"])
+
+
+def _why_differs(k1, k2) -> str:
+    names = ["kind", "process group", "dim", "dtype", "reduction", "variant context"]
+    for n, a, b in zip(names, k1, k2, strict=True):
+        if a != b:
+            return f"different {n} ({a} vs {b})" if n != "variant context" else "different variants (exclusive at run time)"
+    return "same key"
+
+
+def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
+    g = cp.graph
+    plan = cp.plan
+    probes = cp.probes
+    index = {o.id: i for i, o in enumerate(plan.ops)}
+    order = list(nx.lexicographical_topological_sort(g, key=lambda v: (index.get(v, 1 << 60), v)))
+    pos = {v: i for i, v in enumerate(order)}
+    cands = [v for v in order if g.nodes[v]["op"].op in COLLECTIVES]
+    report = {"before": len(cands), "after": len(cands), "buckets": [], "not_fused": []}
+    cp.report[NAME] = report
+    if len(cands) < 2:
+        return cp, False
+
+    # ancestor bitmasks over candidates: mask[v] has bit i if candidate i reaches v
+    bit = {v: 1 << i for i, v in enumerate(cands)}
+    mask: dict[str, int] = {}
+    for v in order:
+        m = 0
+        for u in g.predecessors(v):
+            m |= mask[u] | bit.get(u, 0)
+        mask[v] = m
+
+    # earliest start and slack (single stream estimate at representative sizes)
+    model = CostModel(cfg.profile, plan.groups)
+    tuned = {**plan.tuned, **cfg.tuned}
+    costs = op_costs(cp, model, rep_bindings(cp, (), tuned))
+    es: dict[str, float] = {}
+    for v in order:
+        es[v] = max((es[u] + costs[u] for u in g.predecessors(v)), default=0.0)
+    total = max((es[v] + costs[v] for v in order), default=0.0)
+    ls: dict[str, float] = {}
+    for v in reversed(order):
+        ls[v] = min((ls[s] for s in g.successors(v)), default=total) - costs[v]
+    slack = {v: ls[v] - es[v] for v in order}
+
+    cap = cfg.bucket_cap_mb * 1e6
+    groups: dict[tuple, list[str]] = {}
+    for v in cands:
+        groups.setdefault(_key(cp, v), []).append(v)
+    keys = list(groups)
+    for i, k in enumerate(keys):  # explain near misses between keys
+        for k2 in keys[i + 1:]:
+            if k[0] == k2[0]:
+                report["not_fused"].append({"ops": [groups[k][0], groups[k2][0]], "reason": _why_differs(k, k2)})
+
+    def nbytes(name):
+        return _max_bytes(cp, name)
+
+    buckets: list[list[str]] = []
+    for k, members in groups.items():
+        cur: list[str] = []
+        cur_bits = cur_bytes = 0
+        for c in members:
+            op = g.nodes[c]["op"]
+            reason = None
+            if cur:
+                specs = [cp.tensors[g.nodes[m]["op"].x] for m in cur + [c]]
+                if _pack_dim(specs, probes, k[2]) is None:
+                    reason = "shapes cannot be packed along one dim"
+                elif mask[c] & cur_bits:
+                    dep = next(m for m in cur if mask[c] & bit[m])
+                    reason = f"depends on {dep} (a path between them: merging would deadlock or reorder)"
+                elif cur_bytes + nbytes(op.x) > cap:
+                    reason = f"bucket would exceed the byte cap ({cfg.bucket_cap_mb:g} MB at the dims' maximum)"
+                else:
+                    ready = max(es[m] for m in cur + [c])
+                    late = [m for m in cur + [c] if ready - es[m] > slack[m] + 1e-6]
+                    if late:
+                        reason = (f"would delay {late[0]} by {ready - es[late[0]]:.1f} us on the critical path"
+                                  f" (slack {slack[late[0]]:.1f} us)")
+            if reason:
+                report["not_fused"].append({"ops": [cur[-1], c], "reason": reason})
+                if len(cur) > 1:
+                    buckets.append(cur)
+                cur, cur_bits, cur_bytes = [], 0, 0
+            cur.append(c)
+            cur_bits |= bit[c]
+            cur_bytes += nbytes(op.x)
+        if len(cur) > 1:
+            buckets.append(cur)
+    if not buckets:
+        return cp, False
+
+    ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, probes)
+    for n, members in enumerate(sorted(buckets, key=lambda b: pos[b[0]])):
+        report["buckets"].append(_rewrite(cp, cfg, members, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx))
+    report["after"] = report["before"] - sum(len(b) - 1 for b in buckets)
+    rebuild_edges(cp)
+    return cp, True
+
+
+def _max_bytes(cp: Compiled, name: str) -> int:
+    t = cp.tensors[name]
+    upper = {k: d.hi for k, d in cp.plan.dims.items()}
+    from ..shapes import nbytes_at
+    return nbytes_at(t, upper)
+
+
+def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
+    g = cp.graph
+    ops = [g.nodes[m]["op"] for m in members]
+    ctx = g.nodes[members[0]]["ctx"]
+    xs = [o.x for o in ops]
+    specs = [cp.tensors[x] for x in xs]
+    coll_dim = getattr(ops[0], "dim", None)
+    coll_dim = None if coll_dim is None else coll_dim % specs[0].rank
+    p = _pack_dim(specs, cp.probes, coll_dim)
+    packed, gathered = f"{bid}.packed", f"{bid}.out"
+
+    # zero-copy: which producers can write straight into their slot
+    inplace, copied = [], []
+    for x in xs:
+        t = cp.tensors[x]
+        prod = t.producer
+        why = None
+        if cfg.packing == "cat":
+            why = "packing=cat requested"
+        elif prod is None:
+            why = f"'{x}' is a plan {t.kind}"
+        else:
+            pop = g.nodes[prod]["op"]
+            if pop.op not in INPLACE_WRITERS:
+                why = f"'{x}' is made by {pop.op} '{prod}', which cannot write into a slot"
+            elif t.alias_of or len(pop.out) != 1:
+                why = f"'{x}' is a view"
+            elif g.nodes[prod]["ctx"] != ctx:
+                why = f"'{x}' is made inside a variant"
+            elif xs.count(x) > 1:
+                why = f"'{x}' appears twice in the bucket"
+            elif any(g.nodes[s]["op"].op == "view" for s in g.successors(prod)):
+                why = f"'{x}' is reshaped by a view, which needs it contiguous"
+        (copied if why else inplace).append((x, why))
+    # offsets along the pack dim
+    offset = 0
+    for x, s in zip(xs, specs, strict=True):
+        if any(x == i for i, _ in inplace):
+            prod = cp.tensors[x].producer
+            g.nodes[prod]["out_slot"] = (packed, p, offset, s.shape[p])
+        offset = _add(offset, s.shape[p])
+
+    pack = Cat(op="cat", id=f"{bid}.pack", xs=xs, dim=p, out=[packed], inplace=[x for x, _ in inplace])
+    coll = ops[0].model_copy(update={"id": bid, "x": packed, "out": [gathered], "fused_from": list(members),
+                                     "stream": None})
+    outs = [o.out[0] for o in ops]
+    out_specs = [cp.tensors[o] for o in outs]
+    sizes = [s.shape[p] for s in out_specs]
+    unpack = Split(op="split", id=f"{bid}.unpack", x=gathered, sizes=[_text(d) for d in sizes], dim=p, out=outs)
+
+    g.remove_nodes_from(members)
+    for o in outs:
+        del cp.tensors[o]
+    for x, _ in inplace:
+        t = cp.tensors[x]
+        t.alias_of, t.contiguous = packed, (p == 0)
+    for op in (pack, coll, unpack):
+        for spec in op.infer(ictx):
+            spec.producer = op.id
+            cp.tensors[spec.name] = spec
+        g.add_node(op.id, op=op, ctx=ctx, stream="main", waits=[], records=[])
+    from ..shapes import nbytes_at
+    upper = {k: d.hi for k, d in cp.plan.dims.items()}
+    n_in = len(inplace)
+    if n_in == len(xs):
+        form, why = "inplace", "every producer writes straight into its slot of the packed buffer (no cat copy)"
+    elif n_in:
+        form = "mixed"
+        why = (f"{n_in} of {len(xs)} written in place ({', '.join(x for x, _ in inplace)}); copied: "
+               + "; ".join(w for _, w in copied))
+    else:
+        form, why = "cat", "cat copy: " + "; ".join(w for _, w in copied)
+    return {
+        "id": bid, "kind": coll.op, "group": coll.group, "dim": coll_dim, "pack_dim": p,
+        "members": list(members), "tensors": xs, "packing": form, "why": why,
+        "packed_bytes_max": nbytes_at(cp.tensors[packed], upper),
+        "out_bytes_max": nbytes_at(cp.tensors[gathered], upper),
+        "dtype_bytes": DTYPES[specs[0].dtype],
+        "copied_bytes_max": sum(nbytes_at(cp.tensors[x], upper) for x, _ in copied),
+    }
+
+
+def _add(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    return Bin("+", Num(a) if isinstance(a, int) else a, Num(b) if isinstance(b, int) else b)
+
+
+def _text(d):
+    return d if isinstance(d, int) else unparse(d)
+
+
+__all__ = ["run", "NAME"]

@@ -1,0 +1,76 @@
+"""estimate-memory: lifetime-based peak activation memory (analysis only).
+
+Pre: a schedule. Post: cp.report['estimate-memory'] with, per plan variant, the
+peak bytes of activations at the dims' maximum, where it peaks, and the weight
+and input bytes. Views share their base's storage; a packed buffer that
+producers write into is allocated at its first writer; outputs live to the end.
+"""
+
+from __future__ import annotations
+
+from ..analysis import variant_choice
+from ..graph import Compiled, compatible
+from ..shapes import nbytes_at
+
+NAME = "estimate-memory"
+
+
+def _root(cp: Compiled, name: str) -> str:
+    seen = 0
+    while cp.tensors[name].alias_of and seen < 64:
+        name = cp.tensors[name].alias_of
+        seen += 1
+    return name
+
+
+def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
+    g = cp.graph
+    ctx_choice = tuple(sorted((choice or {}).items()))
+    order = [v for v in cp.schedule if choice is None or compatible(ctx_choice, g.nodes[v]["ctx"])]
+    idx = {v: i for i, v in enumerate(order)}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for v in order:
+        op = g.nodes[v]["op"]
+        for name in list(op.out) + list(op.inputs()):
+            if name not in cp.tensors:
+                continue
+            r = _root(cp, name)
+            if cp.tensors[r].kind in ("input", "weight"):
+                continue
+            first.setdefault(r, idx[v])
+            last[r] = max(last.get(r, 0), idx[v])
+    end = len(order)
+    for o in cp.plan.outputs:
+        if o in cp.tensors:
+            r = _root(cp, o)
+            if r in last:
+                last[r] = end
+    delta = [0] * (end + 2)
+    for r, i in first.items():
+        b = nbytes_at(cp.tensors[r], bindings)
+        delta[i] += b
+        delta[last[r] + 1] -= b
+    live = best = 0
+    at = None
+    for i in range(end + 1):
+        live += delta[i]
+        if live > best:
+            best, at = live, (order[i] if i < end else "end")
+    return {"peak_bytes": best, "peak_at": at}
+
+
+def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
+    upper = {k: d.hi for k, d in cp.plan.dims.items()}
+    names = sorted({v.name for vs in cp.variants.values() for v in vs})
+    out = {"bindings": upper, "variants": {}}
+    choices = {n: variant_choice(cp, n) for n in names} or {"(plan)": None}
+    for n, choice in choices.items():
+        out["variants"][n] = peak(cp, choice, upper)
+    out["weights_bytes"] = sum(nbytes_at(cp.tensors[w], upper) for w in cp.plan.weights)
+    out["inputs_bytes"] = sum(nbytes_at(cp.tensors[i], upper) for i in cp.plan.inputs)
+    fused = cp.report.get("fuse-collectives", {}).get("buckets", [])
+    # a copied member exists twice (its own storage and its slot); in-place members once
+    out["fusion_added_bytes"] = sum(b["copied_bytes_max"] for b in fused)
+    cp.report[NAME] = out
+    return cp, False

@@ -1,0 +1,53 @@
+"""compile_plan: run the pass pipeline over a loaded plan."""
+
+from __future__ import annotations
+
+import time
+
+from .config import CompileConfig
+from .errors import PlanError, did_you_mean
+from .graph import Compiled, build_graph, verify
+from .ir import Plan
+from .passes import PASS_NAMES, PIPELINE, REQUIRED
+
+__all__ = ["compile_plan", "CompileConfig", "PASS_NAMES"]
+
+
+def check_pass_names(names) -> None:
+    for n in names:
+        if n not in PASS_NAMES:
+            raise PlanError.at(None, "schema", f"unknown pass '{n}' (passes: {', '.join(PASS_NAMES)})",
+                               did_you_mean(n, PASS_NAMES))
+
+
+def compile_plan(plan: Plan, config: CompileConfig | None = None) -> Compiled:
+    cfg = config or CompileConfig()
+    check_pass_names(cfg.disable_passes | cfg.dump_after | ({cfg.stop_after} if cfg.stop_after else set()))
+    bad = REQUIRED & cfg.disable_passes
+    if bad:
+        raise PlanError.at(None, "schema", f"pass '{sorted(bad)[0]}' cannot be disabled: the executor needs it")
+    cp = build_graph(plan)
+    if cfg.verify_each:
+        verify(cp)
+    timings = {}
+    for name, fn in PIPELINE:
+        if name in cfg.disable_passes:
+            cp.report[name] = "disabled"
+            continue
+        t0 = time.perf_counter()
+        cp, changed = fn(cp, cfg)
+        timings[name] = time.perf_counter() - t0
+        cp.passes_run.append(name)
+        if cfg.verify_each:
+            verify(cp)
+        if name in cfg.dump_after:
+            from .report import to_text
+            cfg.dumps.append((name, to_text(cp, cfg)))
+        if cfg.stop_after == name:
+            break
+    if cp.streams and not cp.schedule:
+        # stopped before scheduling: still give a usable order for dumps
+        from .passes.events import schedule
+        schedule(cp, cfg)
+    cp.report["timings_s"] = timings
+    return cp

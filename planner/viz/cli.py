@@ -1,0 +1,150 @@
+"""`planner viz` and `planner timeline`.
+
+Exit codes: 0 picture written; 1 an image (svg/png/html) was asked for but could not be
+rendered (no Graphviz, timeout): the DOT text is written next to it instead; 2 invalid
+plan, records or arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..errors import Loc, PlanError
+from ..loader import load_plan, parse_overrides
+from .dot import VizOptions, to_dot
+from .render import FORMATS, INSTALL_HINT, RenderError, html_page, render_dot, write_bytes
+
+__all__ = ["register", "compile_for_viz", "cmd_viz", "cmd_timeline"]
+
+
+def _note(msg: str) -> None:
+    print(f"planner: {msg}", file=sys.stderr)
+
+
+def compile_for_viz(plan, after: str | None = None, disable: list[str] | None = None):
+    """The compiled plan through the pipeline (stopping after `after`), or the bare graph
+    when the pipeline is not part of this checkout."""
+    try:
+        from ..pipeline import CompileConfig, compile_plan
+    except ImportError:
+        if after or disable:
+            raise PlanError.at(None, "param", "--after/--disable need planner.pipeline, which this checkout lacks") from None
+        from ..graph import build_graph
+        return build_graph(plan), "before any pass (no pipeline in this checkout)"
+    cfg = CompileConfig(disable_passes=set(disable or ()), stop_after=after)
+    cp = compile_plan(plan, cfg)
+    ran = list(getattr(cp, "passes_run", []) or [])
+    what = f"after {after}" if after else (f"after {len(ran)} passes" if ran else "")
+    return cp, what
+
+
+def _fmt_of(path: Path | None, fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    if path is None:
+        return "dot"
+    ext = path.suffix.lower().lstrip(".")
+    if ext == "gv":
+        return "dot"
+    if ext == "htm":
+        return "html"
+    if ext not in FORMATS:
+        raise PlanError.at(None, "param", f"-o {path}: unknown picture format '.{ext}'",
+                           f"use one of {', '.join('.' + f for f in FORMATS)}")
+    return ext
+
+
+def cmd_viz(args) -> int:
+    out = Path(args.output) if args.output else None
+    fmt = _fmt_of(out, args.format)
+    plan = load_plan(args.plan, parse_overrides(args.set))
+    cp, stage = compile_for_viz(plan, args.after, args.disable)
+    t0 = time.perf_counter()
+    dot_text, stats = to_dot(cp, VizOptions(variant=args.variant, expand=args.expand, title=stage))
+    summary = (f"{stats.ops} ops drawn as {stats.nodes} nodes"
+               + "".join(f"; {n}x{p}-op block ({lbl})" for lbl, n, p in stats.groups)
+               + f"; streams {', '.join(stats.streams)}")
+    if fmt == "dot":
+        if out is None:
+            sys.stdout.write(dot_text)
+        else:
+            write_bytes(out, dot_text)
+            _note(f"wrote {out}: {summary}")
+        return 0
+    try:
+        data = render_dot(dot_text, "png" if fmt == "png" else "svg", timeout=args.timeout)
+    except RenderError as exc:
+        fallback = (out or Path("plan.svg")).with_suffix(".dot")
+        write_bytes(fallback, dot_text)
+        _note(f"cannot draw {fmt}: {exc}")
+        _note(f"wrote the DOT text to {fallback} instead (render it later with `dot -T{fmt} {fallback}`)")
+        return 1
+    if fmt == "html":
+        data = html_page(data.decode("utf-8", errors="replace"), f"plan {plan.name}").encode()
+    if out is None:
+        sys.stdout.buffer.write(data)
+    else:
+        write_bytes(out, data)
+        _note(f"wrote {out} in {time.perf_counter() - t0:.1f} s: {summary}")
+    return 0
+
+
+def load_records(path: str) -> tuple[list[dict], str]:
+    """Records saved as JSON: a list, or {"records": [...], "title": ...}."""
+    import json
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PlanError.at(Loc(str(p)), "io", f"cannot read {p}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PlanError.at(Loc(str(p)), "schema", f"{p} is not valid JSON: {exc}") from None
+    title = ""
+    if isinstance(data, dict):
+        title = str(data.get("title", ""))
+        data = data.get("records")
+    if not isinstance(data, list):
+        raise PlanError.at(Loc(str(p)), "schema", "records JSON must be a list of records or {\"records\": [...]}")
+    return data, title
+
+
+def cmd_timeline(args) -> int:
+    from .timeline import TimelineError, render_timeline
+    records, title = load_records(args.records)
+    out = Path(args.output)
+    try:
+        written = render_timeline(records, out, title=args.title or title or Path(args.records).stem)
+    except TimelineError as exc:
+        raise PlanError.at(Loc(args.records), "schema", str(exc)) from None
+    if Path(written) != out:
+        _note(f"cannot draw {out.suffix.lstrip('.')}: no PNG renderer (matplotlib or Graphviz); {INSTALL_HINT}")
+        _note(f"wrote {written} instead")
+        return 1
+    _note(f"wrote {out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("viz", help="draw the compiled dependency graph (stream lanes, events, variants)",
+                       description="Draw a plan's compiled dependency graph: one lane per stream, event"
+                       " edges, fused collectives, gated variants side by side, repeated layers collapsed.")
+    p.add_argument("plan", help="plan YAML file")
+    p.add_argument("-o", "--output", help="out.svg | out.png | out.html | out.dot (default: DOT on stdout)")
+    p.add_argument("--format", choices=FORMATS, help="override the format implied by -o")
+    p.add_argument("--set", action="append", metavar="K=V", help="override a param (repeatable)")
+    p.add_argument("--variant", metavar="NAME", help="show only this variant of each region that has it")
+    p.add_argument("--after", metavar="PASS", help="stop the pipeline after this pass")
+    p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
+    p.add_argument("--expand", action="store_true", help="draw every repeated layer instead of one with a count")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds Graphviz may take (default 120)")
+    p.set_defaults(handler=cmd_viz)
+
+    t = sub.add_parser("timeline", help="draw measured per-stream timelines (Gantt) from records JSON",
+                       description="Per-stream Gantt chart of measured op times: one row per stream, bars"
+                       " coloured by op kind, shaded where streams overlap.")
+    t.add_argument("records", help='JSON: [{"stream", "op", "kind", "start_us", "end_us"}, ...]')
+    t.add_argument("-o", "--output", required=True, help="out.svg | out.png")
+    t.add_argument("--title", default="", help="title above the chart")
+    t.set_defaults(handler=cmd_timeline)

@@ -1,0 +1,357 @@
+"""The compiled dependency graph as Graphviz DOT text.
+
+Layout, outermost first: a box per collapsed repeat ("x69"), per region, per gated
+variant (label = its `when` gate), and innermost one lane per stream, filled with the
+stream's colour. Ops are boxes filled by op kind; fused collectives have a double
+border and list what they absorbed. Solid dark edges carry tensors; dashed red edges go
+from the op that records an event to the op that waits on it; dashed grey edges feed
+the next repetition of a collapsed group.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import textwrap
+from dataclasses import dataclass, field
+
+from ..errors import PlanError, did_you_mean
+from ..shapes import fmt_shape
+from .collapse import Repeat, find_repeats, node_order
+from .palette import CARRY_COLOR, DATA_COLOR, EVENT_COLOR, kind_color, stream_color
+
+__all__ = ["VizOptions", "VizStats", "to_dot"]
+
+_DISCARD = re.compile(r"\._\d+$")
+ENTRY = "entry"
+
+
+@dataclass
+class VizOptions:
+    variant: str | None = None   # keep only this variant of every region that has it
+    expand: bool = False         # draw every repetition instead of one with a count
+    min_repeat: int = 3          # fewest repetitions that collapse
+    title: str = ""              # extra title line (e.g. "after assign-streams")
+    max_outputs: int = 4         # output lines per node before "+N more"
+
+
+@dataclass
+class VizStats:
+    ops: int = 0
+    nodes: int = 0
+    groups: list = field(default_factory=list)  # (label, count, period)
+    streams: list = field(default_factory=list)
+
+
+def _esc(s) -> str:
+    return html.escape(str(s), quote=True)
+
+
+def _q(s) -> str:
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def _short(op_id: str) -> str:
+    return op_id.rsplit("/", 1)[-1]
+
+
+def select_variant(cp, name: str) -> set[str]:
+    """Nodes to keep when only variant `name` is shown (regions without it keep all)."""
+    regions = cp.plan.regions
+    have = {r for r, reg in regions.items() if any(v.name == name for v in reg.variants)}
+    if not have:
+        names = sorted({v.name for reg in regions.values() for v in reg.variants})
+        hint = did_you_mean(name, names) or (f"variants in this plan: {', '.join(names)}" if names
+                                             else "this plan has no gated regions")
+        raise PlanError.at(None, "variant", f"--variant {name}: no region has a variant named '{name}'", hint)
+    g = cp.graph
+    return {v for v in g.nodes if all(r not in have or var == name for r, var in g.nodes[v].get("ctx", ()))}
+
+
+class _Builder:
+    def __init__(self, cp, opts: VizOptions):
+        self.cp, self.opts = cp, opts
+        g = cp.graph
+        keep = select_variant(cp, opts.variant) if opts.variant else set(g.nodes)
+        self.g = g.subgraph(keep)
+        self.order = [v for v in node_order(cp) if v in keep]
+        self.repeats: list[Repeat] = [] if opts.expand else find_repeats(self.g, self.order, opts.min_repeat)
+        self.group_of = {v: r for r in self.repeats for v in r.index}
+        self.streams = list(cp.streams)
+        for v in self.order:
+            s = self.g.nodes[v].get("stream") or "main"
+            if s not in self.streams:
+                self.streams.append(s)
+        used = {self.g.nodes[v].get("stream") or "main" for v in self.order}
+        self.multi = len(used) > 1
+        self.ids: dict[str, str] = {}
+        self.kinds: list[str] = []
+        self.out_names = set(cp.plan.outputs)
+        self.lines: list[str] = []
+
+    # ---------------------------------------------------------------- mapping
+
+    def shown(self, v: str) -> str | None:
+        """The drawn node standing for `v` (itself, or its copy in the first repetition)."""
+        r = self.group_of.get(v)
+        return r.rep(v) if r else v
+
+    def nid(self, v: str) -> str:
+        if v not in self.ids:
+            self.ids[v] = f"n{len(self.ids)}"
+        return self.ids[v]
+
+    def path(self, v: str) -> tuple:
+        d = self.g.nodes[v]
+        p = []
+        if v in self.group_of:
+            p.append(("rep", self.group_of[v].gid))
+        for i, (r, var) in enumerate(d.get("ctx", ())):
+            outer = tuple(d["ctx"][:i])
+            p.append(("region", outer, r))
+            p.append(("variant", outer, r, var))
+        s = d.get("stream") or "main"
+        if self.multi or len(p) == 0:
+            p.append(("lane", s))
+        return tuple(p)
+
+    # ---------------------------------------------------------------- labels
+
+    def node_label(self, v: str) -> str:
+        d = self.g.nodes[v]
+        op = d["op"]
+        tensors = self.cp.tensors
+        fused = list(getattr(op, "fused_from", None) or [])
+        head = f"<B>{_esc(op.op)}</B>"
+        if fused:
+            head += f" <B>· fused ×{len(fused)}</B>"
+        rows = [head]
+        name = _short(op.id)
+        if op.op == "extern":
+            rows.append(f"{_esc(name)} = <I>{_esc(op.fn)}</I>")
+        else:
+            rows.append(_esc(name))
+        outs = [o for o in op.out if o in tensors and not _DISCARD.search(o)]
+        for o in outs[: self.opts.max_outputs]:
+            t = tensors[o]
+            prefix = f"{_esc(_short(o))} " if len(outs) > 1 else ""
+            rows.append(f'<FONT POINT-SIZE="9">{prefix}{_esc(fmt_shape(t.shape))} {_esc(t.dtype)}</FONT>')
+        if len(outs) > self.opts.max_outputs:
+            rows.append(f'<FONT POINT-SIZE="9">+{len(outs) - self.opts.max_outputs} more</FONT>')
+        if fused:
+            for line in _wrap("absorbed: " + ", ".join(fused), 44):
+                rows.append(f'<FONT POINT-SIZE="9"><I>{_esc(line)}</I></FONT>')
+        inplace = getattr(op, "inplace", None)
+        if inplace:
+            for line in _wrap("written in place: " + ", ".join(inplace), 44):
+                rows.append(f'<FONT POINT-SIZE="9"><I>{_esc(line)}</I></FONT>')
+        extra = []
+        if d.get("cost_us") is not None:
+            extra.append(f"~{d['cost_us']:.3g} us")
+        if any(o in self.out_names for o in op.out):
+            extra.append("⇒ plan output")
+        if extra:
+            rows.append(f'<FONT POINT-SIZE="9">{_esc("   ".join(extra))}</FONT>')
+        return "<" + "<BR/>".join(rows) + ">"
+
+    def tooltip(self, v: str) -> str:
+        d = self.g.nodes[v]
+        op = d["op"]
+        parts = [op.id, f"kind: {op.op}", f"stream: {d.get('stream') or 'main'}",
+                 "inputs: " + ", ".join(op.inputs())]
+        if d.get("ctx"):
+            parts.append("when: " + " / ".join(f"{r}={var}" for r, var in d["ctx"]))
+        if d.get("waits"):
+            parts.append("waits: " + ", ".join(d["waits"]))
+        if d.get("records"):
+            parts.append("records: " + ", ".join(d["records"]))
+        r = self.group_of.get(v)
+        if r:
+            parts.append(f"stands for {r.count} repetitions")
+        return "\n".join(parts)
+
+    def cluster_label(self, key: tuple) -> tuple[str, dict]:
+        kind = key[0]
+        if kind == "rep":
+            r = next(x for x in self.repeats if x.gid == key[1])
+            first, last = r.instances[0], r.instances[-1]
+            label = (f"<<B>×{r.count}</B>  repeated block of {r.period} op{'s' if r.period > 1 else ''}"
+                     f"<BR/><FONT POINT-SIZE=\"10\">first shown: {_esc(first[0])} … {_esc(first[-1])};"
+                     f" last: {_esc(last[0])} … {_esc(last[-1])}</FONT>>")
+            return label, {"style": "dashed,rounded,bold", "color": "#555555", "penwidth": "2"}
+        if kind == "region":
+            return (f"<<B>region {_esc(key[2])}</B>  (one variant runs per call)>",
+                    {"style": "rounded", "color": "#7f7f7f"})
+        if kind == "variant":
+            r, var = key[2], key[3]
+            reg = self.cp.plan.regions.get(r)
+            vobj = next((x for x in reg.variants if x.name == var), None) if reg else None
+            rows = [f"<B>variant {_esc(var)}</B>"]
+            if vobj is not None:
+                if vobj.when is None:
+                    rows[0] += " (fallback: when no gate above holds)"
+                else:
+                    gate = vobj.when_text or vobj.when_src or ""
+                    for i, line in enumerate(_wrap(gate, 48)):
+                        rows.append(f'<FONT POINT-SIZE="10">{"when " if i == 0 else "     "}{_esc(line)}</FONT>')
+                    if vobj.static is True:
+                        rows.append('<FONT POINT-SIZE="10">(gate is always true here)</FONT>')
+                    elif vobj.static is False:
+                        rows.append('<FONT POINT-SIZE="10">(gate is always false here: never runs)</FONT>')
+            return "<" + "<BR/>".join(rows) + ">", {"style": "rounded,filled", "fillcolor": "#fffdf5",
+                                                    "color": "#b08d2a"}
+        s = key[1]
+        fill, border = stream_color(s, self.streams)
+        return (f"<<B>stream {_esc(s)}</B>>",
+                {"style": "rounded,filled", "fillcolor": fill, "color": border, "penwidth": "1.5"})
+
+    # ---------------------------------------------------------------- emit
+
+    def build(self) -> tuple[str, VizStats]:
+        cp, g = self.cp, self.g
+        drawn = [v for v in self.order if self.shown(v) == v]
+        stats = VizStats(ops=len(self.order), nodes=len(drawn), streams=sorted(
+            {g.nodes[v].get("stream") or "main" for v in self.order}, key=self.streams.index))
+        stats.groups = [(f"{r.instances[0][0]} … {r.instances[-1][-1]}", r.count, r.period) for r in self.repeats]
+
+        # the cluster tree: path prefix -> children / nodes
+        tree: dict[tuple, dict] = {(): {"children": [], "nodes": []}}
+        for v in drawn:
+            p = self.path(v)
+            for i in range(1, len(p) + 1):
+                if p[:i] not in tree:
+                    tree[p[:i]] = {"children": [], "nodes": []}
+                    tree[p[:i - 1]]["children"].append(p[:i])
+            tree[p]["nodes"].append(v)
+        waits_entry = any(self._event_source(e) is None for v in drawn for e in g.nodes[v].get("waits", ()))
+        main_lane = ("lane", "main")
+        if waits_entry and (main_lane,) not in tree:
+            tree[(main_lane,)] = {"children": [], "nodes": []}
+            tree[()]["children"].append((main_lane,))
+
+        title = [f"<B>plan {_esc(cp.plan.name)}</B>: {len(self.order)} ops"
+                 + (f", {len(drawn)} drawn" if len(drawn) != len(self.order) else "")
+                 + f"; streams: {_esc(', '.join(stats.streams))}"]
+        if self.opts.title:
+            title.append(_esc(self.opts.title))
+        if self.repeats:
+            title.append("repeated blocks are drawn once with their count (--expand draws all)")
+        L = self.lines
+        L.append("digraph plan {")
+        L.append('  graph [rankdir=TB, newrank=true, compound=true, fontname="Helvetica", fontsize=12,'
+                 ' nodesep=0.3, ranksep=0.45, labelloc=t, labeljust=l, '
+                 f'label=<{"<BR/>".join(title)}>];')
+        L.append('  node [fontname="Helvetica", fontsize=11, shape=box, style="rounded,filled", margin="0.12,0.05"];')
+        L.append(f'  edge [fontname="Helvetica", fontsize=9, color="{DATA_COLOR}", arrowsize=0.7];')
+        self._emit(tree, (), 1, waits_entry)
+        self._edges(drawn)
+        self._legend(waits_entry)
+        L.append("}")
+        return "\n".join(L) + "\n", stats
+
+    def _emit(self, tree, key, depth, waits_entry):
+        ind = "  " * depth
+        for v in tree[key]["nodes"]:
+            self._node(v, ind)
+        if key and key[-1] == ("lane", "main") and len(key) == 1 and waits_entry:
+            self.lines.append(f'{ind}{ENTRY} [label="entry", shape=circle, style=filled, fillcolor="#ffffff",'
+                              f' color="{EVENT_COLOR}", fontsize=9, width=0.5, fixedsize=true,'
+                              ' tooltip="event recorded on main when the plan is called"];')
+        for child in tree[key]["children"]:
+            name = f"cluster_{len(self._clusters)}"
+            self._clusters.append(child)
+            label, attrs = self.cluster_label(child[-1])
+            self.lines.append(f"{ind}subgraph {name} {{")
+            a = ", ".join(f"{k}={_q(v)}" for k, v in attrs.items())
+            self.lines.append(f"{ind}  graph [label={label}, {a}, fontsize=11, margin=10];")
+            self._emit(tree, child, depth + 1, waits_entry)
+            self.lines.append(f"{ind}}}")
+
+    _clusters: list = []
+
+    def _node(self, v, ind):
+        op = self.g.nodes[v]["op"]
+        fill, border = kind_color(op.op)
+        if op.op not in self.kinds:
+            self.kinds.append(op.op)
+        attrs = {"fillcolor": fill, "color": border, "tooltip": self.tooltip(v)}
+        if getattr(op, "fused_from", None):
+            attrs.update(peripheries="2", penwidth="2.5")
+        elif op.op == "select":
+            attrs.update(shape="box", style="rounded,filled,dashed")
+        a = ", ".join(f"{k}={_q(x)}" for k, x in attrs.items())
+        self.lines.append(f"{ind}{self.nid(v)} [label={self.node_label(v)}, {a}];")
+
+    def _event_source(self, e: str) -> str | None:
+        ev = self.cp.events.get(e)
+        if e == ENTRY or not ev or ev.get("op") is None or ev["op"] not in self.g:
+            return None
+        return ev["op"]
+
+    def _edges(self, drawn):
+        g = self.g
+        agg: dict[tuple, list] = {}
+
+        def add(u, v, kind, what):
+            agg.setdefault((u, v, kind), []).append(what)
+
+        for u, v, d in g.edges(data=True):
+            su, sv = self.shown(u), self.shown(v)
+            ru, rv = self.group_of.get(u), self.group_of.get(v)
+            carry = ru is not None and ru is rv and ru.index[u][0] != rv.index[v][0]
+            add(su, sv, "carry" if carry else "data", ", ".join(d.get("tensors", ())))
+        for v in g.nodes:
+            for e in g.nodes[v].get("waits", ()):
+                src = self._event_source(e)
+                add(ENTRY if src is None else self.shown(src), self.shown(v), "event", e)
+        L = self.lines
+        for (u, v, kind), whats in agg.items():
+            su = ENTRY if u == ENTRY else self.nid(u)
+            n = len(whats)
+            if kind == "data":
+                tip = "; ".join(sorted(set(whats)))[:300]
+                label = f", label={_q(f'×{n}')}" if n > 1 else ""
+                L.append(f"  {su} -> {self.nid(v)} [tooltip={_q(tip)}{label}];")
+            elif kind == "carry":
+                L.append(f'  {su} -> {self.nid(v)} [style=dashed, color="{CARRY_COLOR}", constraint=false,'
+                         f' label={_q(f"next block ×{n}")}, fontcolor="{CARRY_COLOR}"];')
+            else:
+                label = whats[0] if n == 1 else f"{whats[0]} …(×{n})"
+                L.append(f'  {su} -> {self.nid(v)} [style=dashed, penwidth=1.8, color="{EVENT_COLOR}",'
+                         f' fontcolor="{EVENT_COLOR}", label={_q(label)}, tooltip={_q("wait on " + label)}];')
+
+    def _legend(self, waits_entry):
+        rows = ['<TR><TD COLSPAN="2"><B>legend</B></TD></TR>']
+        for k in self.kinds:
+            fill, border = kind_color(k)
+            rows.append(f'<TR><TD BGCOLOR="{fill}" WIDTH="26"> </TD><TD ALIGN="LEFT">{_esc(k)}</TD></TR>')
+        rows.append(f'<TR><TD><FONT COLOR="{DATA_COLOR}">━━▶</FONT></TD>'
+                    '<TD ALIGN="LEFT">data: consumer reads producer\'s tensor</TD></TR>')
+        rows.append(f'<TR><TD><FONT COLOR="{EVENT_COLOR}">╍╍▶</FONT></TD>'
+                    '<TD ALIGN="LEFT">event: record (tail) → wait (head)</TD></TR>')
+        if self.repeats:
+            rows.append(f'<TR><TD><FONT COLOR="{CARRY_COLOR}">╍╍▶</FONT></TD>'
+                        '<TD ALIGN="LEFT">feeds the next repetition</TD></TR>')
+        if any(getattr(self.g.nodes[v]["op"], "fused_from", None) for v in self.g.nodes):
+            rows.append('<TR><TD BORDER="1" STYLE="rounded"><B>═</B></TD>'
+                        '<TD ALIGN="LEFT">double border: fused collective</TD></TR>')
+        for s in self.streams:
+            if not self.multi and s != "main":
+                continue
+            fill, border = stream_color(s, self.streams)
+            rows.append(f'<TR><TD BGCOLOR="{fill}" COLOR="{border}" BORDER="1"> </TD>'
+                        f'<TD ALIGN="LEFT">lane: stream {_esc(s)}</TD></TR>')
+        self.lines.append('  legend [shape=plaintext, style="", margin=0, tooltip="legend", label=<'
+                          '<TABLE BORDER="1" CELLBORDER="0" CELLSPACING="2" CELLPADDING="3" COLOR="#999999">'
+                          + "".join(rows) + "</TABLE>>];")
+
+
+def to_dot(cp, opts: VizOptions | None = None) -> tuple[str, VizStats]:
+    """DOT text for a compiled plan, and what it drew."""
+    b = _Builder(cp, opts or VizOptions())
+    b._clusters = []
+    return b.build()

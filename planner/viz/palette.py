@@ -1,0 +1,58 @@
+"""Colours shared by the graph picture and the timeline: one per op kind, one per stream.
+
+Colours are fixed per kind (not assigned in order of appearance), so the same kind
+has the same colour in every picture of every plan. Families share a hue: compute
+is blue, collectives warm (orange/red/yellow), views green, opaque model code grey.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+__all__ = ["KIND_COLORS", "kind_color", "stream_color", "EVENT_COLOR", "DATA_COLOR", "CARRY_COLOR"]
+
+# kind -> (fill, border)
+KIND_COLORS: dict[str, tuple[str, str]] = {
+    "gemm": ("#a6cee3", "#1f5f8b"),
+    "add": ("#cab2d6", "#6a3d9a"),
+    "all_gather": ("#fdbf6f", "#c15d00"),
+    "reduce_scatter": ("#fb9a99", "#b2182b"),
+    "all_reduce": ("#ffe08a", "#9c7a00"),
+    "cat": ("#f4b6d8", "#a1306f"),
+    "copy": ("#fddbc7", "#a35a2a"),
+    "pad": ("#d9d2f0", "#5e4fa2"),
+    "shard": ("#c7eae5", "#35978f"),
+    "split": ("#b2df8a", "#33a02c"),
+    "slice": ("#d5edc2", "#4d9a3a"),
+    "view": ("#e5f5e0", "#5a9a4e"),
+    "select": ("#f0f0f0", "#7f7f7f"),
+    "extern": ("#d9d9d9", "#525252"),
+}
+
+# for kinds added later: a stable pick from this list (crc32, not hash(), which is salted)
+_SPARE = [("#ccebc5", "#3f8f3f"), ("#ffffb3", "#8c8c00"), ("#bebada", "#55508a"),
+          ("#80b1d3", "#2b5d80"), ("#fccde5", "#a0486f"), ("#bc80bd", "#5e2f5f")]
+
+# lane backgrounds (fill, border); main is always the first
+_STREAMS = [("#eaf2fb", "#4a78a8"), ("#fdf0e2", "#c0731c"), ("#edf7ea", "#4d8f3f"),
+            ("#f4edf8", "#7d4f9a"), ("#fbeaea", "#a33c3c"), ("#eef6f6", "#3d8585")]
+
+EVENT_COLOR = "#d62728"   # record -> wait edges
+DATA_COLOR = "#4d4d4d"    # producer -> consumer edges
+CARRY_COLOR = "#7f7f7f"   # edges into the next repetition of a collapsed group
+
+
+def kind_color(kind: str) -> tuple[str, str]:
+    """(fill, border) for an op kind; unknown kinds get a stable spare colour."""
+    if kind in KIND_COLORS:
+        return KIND_COLORS[kind]
+    return _SPARE[zlib.crc32(kind.encode()) % len(_SPARE)]
+
+
+def stream_color(stream: str, streams: list[str]) -> tuple[str, str]:
+    """(background, border) of a stream's lane: by position in the plan's stream list."""
+    if stream in streams:
+        i = streams.index(stream)
+    else:
+        i = 1 + zlib.crc32(stream.encode()) % (len(_STREAMS) - 1)
+    return _STREAMS[i % len(_STREAMS)]
