@@ -160,12 +160,15 @@ _DEFAULTS: dict[str, list[tuple[int, dict]]] = {
         (4, dict(rows=1, vec=2)),
         (16, dict(rows=2, vec=4)),
     ],
-    "split_k": [  # F_B [M,128]x[1536,128]^T; one-warp blocks (all within 0.05 us of the
-        # best in run2) so they fit next to a full streaming grid and prefetch under PDL
-        (16, dict(tiles=2, warps_n=1, warps_k=1, unroll=4)),
+    "split_k": [  # F_B [M,128]x[1536,128]^T (run2 sweep best; run3 showed one-warp
+        # blocks were no better)
+        (8, dict(tiles=2, warps_n=1, warps_k=4, unroll=1)),
+        (16, dict(tiles=1, warps_n=2, warps_k=4, unroll=1)),
     ],
     "stream": [  # QKVG / packed [M,7168]x[6144|6288,7168]^T
-        (8, dict(tiles=1, warps_n=1, warps_k=8, unroll=7)),
+        # run3: t1/wk8/u7 (run1 best) is 25-30% slower once kernels trigger their
+        # dependents early (the next grid's weight prefetch competes); wk4/u4 was best in run2
+        (8, dict(tiles=1, warps_n=1, warps_k=4, unroll=4)),
         (16, dict(tiles=2, warps_n=1, warps_k=8, unroll=4)),
     ],
 }
