@@ -84,10 +84,11 @@ def _extern(op, bctx):
     shape = shape_fn(op.shape, bctx.params)
     dt = torch_dtype(op.dtype)
     name = op.id
+    wants_shape = getattr(fn, "wants_shape", False)
 
     def run(ins, b, out):
-        r = fn(*ins)
         want = shape(b)
+        r = fn(*ins, out_shape=want, dtype=dt) if wants_shape else fn(*ins)
         if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != dt:
             got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, torch.Tensor) else type(r).__name__
             raise RuntimeError(f"extern '{op.fn}' (op '{name}') returned {got}; the plan declares {want} {dt}")
