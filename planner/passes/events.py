@@ -110,10 +110,10 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             for k, val in in_ctx.get((s, ctx), {}).items():
                 known[k] = max(known[k], val)
         need: dict[str, tuple[int, str]] = {}
+        wants_entry = False
         for u in real_preds(g, v, memo):
             if u == ENTRY:
-                if not known[ENTRY]:
-                    need[ENTRY] = (1, ENTRY)
+                wants_entry = True
                 continue
             t = g.nodes[u]["stream"]
             if t == s or known[t] >= pos[u]:
@@ -122,16 +122,15 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                 need[t] = (pos[u], u)
         for t, (_, u) in sorted(need.items()):
             n_waits += 1
-            if u == ENTRY:
-                d["waits"].append(ENTRY)
-                known[ENTRY] = 1
-                continue
             d["waits"].append(record(u))
             if _implied(g.nodes[u]["ctx"], ctx):
                 for k, val in clock_of[u].items():
                     known[k] = max(known[k], val)
-            else:  # the event may not be recorded when v runs: only its direct wait counts
-                known[t] = max(known[t], 0)
+        if wants_entry and not known[ENTRY]:
+            # plan inputs were written on the caller's stream before the call
+            n_waits += 1
+            d["waits"].insert(0, ENTRY)
+            known[ENTRY] = 1
         known[s] = pos[v]
         clock_of[v] = known
         if ctx:

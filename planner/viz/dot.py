@@ -31,6 +31,8 @@ class VizOptions:
     variant: str | None = None   # keep only this variant of every region that has it
     expand: bool = False         # draw every repetition instead of one with a count
     min_repeat: int = 3          # fewest repetitions that collapse
+    min_hidden: int = 8          # ...and only when that hides at least this many ops
+    lanes: str = "inner"         # inner: lanes inside regions/variants; outer: one column per stream
     title: str = ""              # extra title line (e.g. "after assign-streams")
     max_outputs: int = 4         # output lines per node before "+N more"
 
@@ -79,7 +81,8 @@ class _Builder:
         keep = select_variant(cp, opts.variant) if opts.variant else set(g.nodes)
         self.g = g.subgraph(keep)
         self.order = [v for v in node_order(cp) if v in keep]
-        self.repeats: list[Repeat] = [] if opts.expand else find_repeats(self.g, self.order, opts.min_repeat)
+        reps = [] if opts.expand else find_repeats(self.g, self.order, opts.min_repeat)
+        self.repeats: list[Repeat] = [r for r in reps if (r.count - 1) * r.period >= opts.min_hidden]
         self.group_of = {v: r for r in self.repeats for v in r.index}
         self.streams = list(cp.streams)
         for v in self.order:
@@ -107,15 +110,17 @@ class _Builder:
 
     def path(self, v: str) -> tuple:
         d = self.g.nodes[v]
+        s = d.get("stream") or "main"
         p = []
+        if self.opts.lanes == "outer" or not self.multi:
+            p.append(("lane", s))
         if v in self.group_of:
             p.append(("rep", self.group_of[v].gid))
         for i, (r, var) in enumerate(d.get("ctx", ())):
             outer = tuple(d["ctx"][:i])
             p.append(("region", outer, r))
             p.append(("variant", outer, r, var))
-        s = d.get("stream") or "main"
-        if self.multi or len(p) == 0:
+        if self.opts.lanes != "outer" and self.multi:
             p.append(("lane", s))
         return tuple(p)
 

@@ -1,0 +1,305 @@
+"""What `planner compile` prints: a readable report, or the JSON contract.
+
+JSON contract (docs/cli.md): {"plan", "file", "params", "dims", "groups", "streams",
+"ops": [{"id", "op", "stream", "inputs", "outputs", "shapes", "waits_on", "records",
+"fused_from", "when", "region", "variant", "cost_us", "attrs"}], "variants": [...],
+"events", "exit_waits", "fusion", "stream_decisions", "critical_path", "memory",
+"passes"}. Keys are emitted in a fixed order; same plan, same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+from .analysis import allowed_buckets, op_costs, simulate, variant_choice
+from .cost import CostModel
+from .graph import Compiled
+from .shapes import fmt_dim, fmt_shape
+
+__all__ = ["to_json", "to_text", "critical_paths"]
+
+
+def _gate_of(cp: Compiled, ctx: tuple) -> str | None:
+    if not ctx:
+        return None
+    parts = []
+    for rid, vname in ctx:
+        vs = cp.variants.get(rid) or cp.plan.regions[rid].variants
+        v = next((x for x in vs if x.name == vname), None)
+        if v is None or v.when is None:
+            earlier = [x.name for x in vs if x.name != vname]
+            parts.append("otherwise" if earlier else "always")
+        else:
+            parts.append(v.when_text)
+    return " and ".join(parts)
+
+
+def critical_paths(cp: Compiled, cfg) -> list[dict]:
+    """Estimated time per variant at small, typical and large allowed sizes."""
+    model = CostModel(cfg.profile, cp.plan.groups)
+    tuned = {**cp.plan.tuned, **cfg.tuned}
+    names = sorted({v.name for vs in cp.variants.values() for v in vs}) or [None]
+    out = []
+    for name in names:
+        choice = variant_choice(cp, name) if name else {}
+        ctx = tuple(sorted(choice.items()))
+        allowed = allowed_buckets(cp, ctx, tuned) if name else allowed_buckets(cp, (), tuned)
+        picks = []
+        for b in (allowed[0], allowed[len(allowed) // 2], allowed[-1]):
+            if b not in picks:
+                picks.append(b)
+        for b in picks:
+            costs = op_costs(cp, model, b)
+            span, finish = simulate(cp, costs, choice if name else None, cfg.profile.event_us)
+            serial = sum(costs[v] for v in finish)
+            out.append({"variant": name or "(plan)", "bindings": b, "scheduled_us": round(span, 2),
+                        "serial_us": round(serial, 2)})
+    return out
+
+
+def to_json(cp: Compiled, cfg) -> dict:
+    plan = cp.plan
+    g = cp.graph
+    ops = []
+    for v in cp.schedule:
+        d = g.nodes[v]
+        op = d["op"]
+        ctx = d["ctx"]
+        attrs = {k: (val if not isinstance(val, (set, tuple)) else list(val)) for k, val in op.attrs().items()
+                 if k not in ("x", "a", "b", "xs", "args", "choices", "fused_from")}
+        ops.append({
+            "id": v, "op": op.op, "stream": d["stream"],
+            "inputs": op.inputs(), "outputs": list(op.out),
+            "shapes": {n: fmt_shape(cp.tensors[n].shape) + " " + cp.tensors[n].dtype for n in op.out if n in cp.tensors},
+            "waits_on": list(d["waits"]), "records": list(d["records"]),
+            "fused_from": list(getattr(op, "fused_from", []) or []),
+            "when": _gate_of(cp, ctx),
+            "region": ctx[-1][0] if ctx else None, "variant": ctx[-1][1] if ctx else None,
+            "cost_us": d.get("cost_us"),
+            "out_slot": _slot(d.get("out_slot")),
+            "attrs": attrs,
+        })
+    variants = []
+    for rid, vs in cp.variants.items():
+        all_vs = plan.regions[rid].variants
+        for v in all_vs:
+            variants.append({
+                "region": rid, "name": v.name, "when": v.when_text, "fallback": v.when is None,
+                "live": v in vs, "static": v.static,
+                "ops": sum(1 for n in g.nodes if (rid, v.name) in g.nodes[n]["ctx"]),
+            })
+    return {
+        "plan": plan.name, "file": plan.file,
+        "params": {k: plan.params[k] for k in sorted(plan.params)},
+        "dims": {k: {"min": d.lo, "max": d.hi, "buckets": d.buckets} for k, d in plan.dims.items()},
+        "groups": dict(plan.groups),
+        "streams": list(cp.streams),
+        "inputs": {n: _tensor(cp, n) for n in plan.inputs},
+        "weights": {n: _tensor(cp, n) for n in plan.weights},
+        "outputs": {n: _tensor(cp, n) for n in plan.outputs},
+        "ops": ops,
+        "variants": variants,
+        "events": {k: cp.events[k] for k in sorted(cp.events)},
+        "exit_waits": list(cp.exit_waits),
+        "fusion": cp.report.get("fuse-collectives"),
+        "dce": cp.report.get("dce"),
+        "stream_decisions": cp.report.get("assign-streams"),
+        "critical_path": critical_paths(cp, cfg) if cp.schedule else [],
+        "memory": cp.report.get("estimate-memory"),
+        "profile": cfg.profile.to_json(),
+        "passes": list(cp.passes_run),
+        "disabled_passes": sorted(cfg.disable_passes),
+    }
+
+
+def _tensor(cp, n):
+    t = cp.tensors.get(n)
+    return None if t is None else fmt_shape(t.shape) + " " + t.dtype
+
+
+def _slot(s):
+    if not s:
+        return None
+    packed, dim, off, size = s
+    return {"tensor": packed, "dim": dim, "offset": fmt_dim(off), "size": fmt_dim(size)}
+
+
+def dumps_json(cp, cfg) -> str:
+    return json.dumps(to_json(cp, cfg), indent=2, default=str)
+
+
+# ---------------------------------------------------------------- text
+
+class _Style:
+    def __init__(self, enabled: bool):
+        self.on = enabled
+
+    def __call__(self, text, code):
+        return f"\033[{code}m{text}\033[0m" if self.on else text
+
+    def bold(self, t):
+        return self(t, "1")
+
+    def dim(self, t):
+        return self(t, "2")
+
+    def green(self, t):
+        return self(t, "32")
+
+    def yellow(self, t):
+        return self(t, "33")
+
+    def cyan(self, t):
+        return self(t, "36")
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2**20:.1f} MiB"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"\d+", "#", name)
+
+
+def _group_labels(labels: list[str]) -> str:
+    if len(labels) <= 3:
+        return ", ".join(labels)
+    return f"{labels[0]}, {labels[1]}, ... ({len(labels)} scopes alike)"
+
+
+def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) -> str:
+    if color is None:
+        color = sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
+    st = _Style(color)
+    plan = cp.plan
+    L: list[str] = []
+    params = ", ".join(f"{k}={v}" for k, v in plan.params.items() if not isinstance(v, list))
+    L.append(st.bold(f"plan {plan.name}") + st.dim(f"  ({plan.file})"))
+    L.append(f"  params: {params}")
+    dims = ", ".join(f"{k} {d.lo}..{d.hi} (buckets {d.buckets})" for k, d in plan.dims.items())
+    if dims:
+        L.append(f"  dims: {dims}")
+    L.append(f"  {len(plan.ops)} ops written -> {cp.graph.number_of_nodes()} after planning;"
+             f" passes: {' > '.join(cp.passes_run)}")
+    dce = cp.report.get("dce")
+    if isinstance(dce, list) and dce:
+        L.append("")
+        L.append(st.bold("Dead code"))
+        L += [f"  {n}" for n in dce]
+
+    fus = cp.report.get("fuse-collectives")
+    L.append("")
+    if fus == "disabled":
+        L.append(st.bold("Collective fusion") + ": disabled")
+    elif isinstance(fus, dict):
+        L.append(st.bold("Collective fusion") + f": {fus['before']} collectives -> {fus['after']}")
+        for b in fus["buckets"]:
+            L.append(f"  {st.cyan(b['id'])}: one {b['kind']} over '{b['group']}' (dim {b['dim']}) replaces"
+                     f" {len(b['members'])}: {', '.join(b['tensors'])}; packed along dim {b['pack_dim']}")
+            L.append(f"    packing: {st.green(b['packing'])}: {b['why']}")
+            upper = ", ".join(f"{k}={d.hi}" for k, d in plan.dims.items())
+            L.append(f"    buffers at {upper}: packed {_mib(b['packed_bytes_max'])}, result {_mib(b['out_bytes_max'])}")
+        for nf in fus["not_fused"][:10]:
+            L.append(st.yellow(f"  not fused: {nf['ops'][0]} + {nf['ops'][1]}: {nf['reason']}"))
+        if len(fus["not_fused"]) > 10:
+            L.append(f"  ... {len(fus['not_fused']) - 10} more near misses (see --emit json)")
+
+    L.append("")
+    L.append(st.bold("Streams") + f": {', '.join(cp.streams)}"
+             + st.dim("  (main = the caller's current stream; aux streams are shared by every layer)"))
+    dec = cp.report.get("assign-streams")
+    if isinstance(dec, list):
+        for d in dec:
+            L.append(f"  {_group_labels(d['scopes'])}: {d['decision']}")
+    ev = cp.report.get("derive-events")
+    if isinstance(ev, dict):
+        L.append(f"  events: {ev['events']} record sites, {ev['waits']} waits"
+                 f" ({ev['exit_waits']} at exit to join the caller's stream)")
+
+    if cp.variants:
+        L.append("")
+        L.append(st.bold("Variants") + st.dim("  (tried in order at run time; the last is the fallback)"))
+        seen: dict[str, list[str]] = {}
+        for rid, vs in cp.variants.items():
+            sig = _norm(rid + "|" + "|".join(f"{v.name}:{v.when_text}" for v in vs))
+            seen.setdefault(sig, []).append(rid)
+        for sig, rids in seen.items():
+            rid = rids[0]
+            label = rid if len(rids) == 1 else f"{rid} (+{len(rids) - 1} alike)"
+            L.append(f"  region {label}:")
+            for v in plan.regions[rid].variants:
+                live = v in cp.variants[rid]
+                gate = v.when_text if v.when is not None else "fallback"
+                mark = "" if live else st.yellow("  [removed at compile time]")
+                L.append(f"    {v.name:<14} when {gate}{mark}")
+
+    L.append("")
+    L.append(st.bold("Schedule") + st.dim("  (issue order; ops of one region shown once when regions repeat)"))
+    L += _schedule_lines(cp, st, full)
+
+    cps = critical_paths(cp, cfg) if cp.schedule else []
+    if cps:
+        L.append("")
+        L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name})"))
+        L.append(f"  {'variant':<16}{'dims':<22}{'serial us':>12}{'scheduled us':>15}{'gain':>8}")
+        for r in cps:
+            b = ", ".join(f"{k}={v}" for k, v in r["bindings"].items()) or "-"
+            gain = r["serial_us"] / r["scheduled_us"] if r["scheduled_us"] else 1.0
+            L.append(f"  {r['variant']:<16}{b:<22}{r['serial_us']:>12.1f}{r['scheduled_us']:>15.1f}{gain:>7.2f}x")
+
+    mem = cp.report.get("estimate-memory")
+    if isinstance(mem, dict):
+        L.append("")
+        b = ", ".join(f"{k}={v}" for k, v in mem["bindings"].items())
+        L.append(st.bold("Memory") + st.dim(f"  (activations, lifetime-based, at {b or 'static shapes'})"))
+        for n, m in mem["variants"].items():
+            L.append(f"  {n:<16} peak {_mib(m['peak_bytes'])} at {m['peak_at']}")
+        L.append(f"  weights {_mib(mem['weights_bytes'])}, inputs {_mib(mem['inputs_bytes'])};"
+                 f" fusion added {_mib(mem['fusion_added_bytes'])} (copies of members not written in place)")
+    return "\n".join(L) + "\n"
+
+
+def _schedule_lines(cp: Compiled, st, full: bool) -> list[str]:
+    g = cp.graph
+    out = []
+    shown: dict[str, int] = {}
+    skipped = 0
+    for v in cp.schedule:
+        d = g.nodes[v]
+        ctx = d["ctx"]
+        if not full:
+            # repeated layers: show the first region of a kind, and two of each repeated op
+            key = _norm(ctx[0][0] + "|" + v) if ctx else _norm(v)
+            limit = 1 if ctx else 2
+            if ctx:
+                first = shown.setdefault("region:" + _norm(ctx[0][0]), ctx[0][0])
+                if first != ctx[0][0]:
+                    skipped += 1
+                    continue
+            shown[key] = shown.get(key, 0) + 1
+            if shown[key] > limit:
+                skipped += 1
+                continue
+        op = d["op"]
+        lane = d["stream"]
+        shapes = ", ".join(fmt_shape(cp.tensors[n].shape) for n in op.out if n in cp.tensors)
+        extra = []
+        if d["waits"]:
+            extra.append(st.yellow("wait " + ", ".join(d["waits"])))
+        if d["records"]:
+            extra.append(st.green("record " + ", ".join(d["records"])))
+        if getattr(op, "fused_from", None):
+            extra.append(st.cyan(f"fused from {len(op.fused_from)}: " + ", ".join(op.fused_from)))
+        if d.get("out_slot"):
+            extra.append(st.cyan(f"writes into {d['out_slot'][0]}"))
+        gate = f"[{ctx[-1][1]}] " if ctx else ""
+        indent = "" if lane == "main" else " " * 6
+        out.append(f"  {st.dim(lane):<6} {indent}{gate}{op.op} {v} -> {shapes}" + (f"  ({'; '.join(extra)})" if extra else ""))
+    if skipped:
+        out.append(st.dim(f"  ... and {skipped} more ops in repeated regions and layers (--full lists them)"))
+    if cp.exit_waits:
+        out.append(f"  main   exit: {st.yellow('wait ' + ', '.join(cp.exit_waits))}")
+    return out
