@@ -62,7 +62,7 @@ def cmd_viz(args) -> int:
     plan = load_plan(args.plan, parse_overrides(args.set))
     cp, stage = compile_for_viz(plan, args.after, args.disable)
     t0 = time.perf_counter()
-    dot_text, stats = to_dot(cp, VizOptions(variant=args.variant, expand=args.expand, title=stage))
+    dot_text, stats = to_dot(cp, VizOptions(variant=args.variant, expand=args.expand, title=stage, lanes=args.lanes))
     summary = (f"{stats.ops} ops drawn as {stats.nodes} nodes"
                + "".join(f"; {n}x{p}-op block ({lbl})" for lbl, n, p in stats.groups)
                + f"; streams {', '.join(stats.streams)}")
@@ -138,6 +138,8 @@ def register(sub) -> None:
     p.add_argument("--after", metavar="PASS", help="stop the pipeline after this pass")
     p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
     p.add_argument("--expand", action="store_true", help="draw every repeated layer instead of one with a count")
+    p.add_argument("--lanes", choices=["inner", "outer"], default="inner",
+                   help="inner: stream lanes inside each region/variant box (default); outer: one column per stream")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds Graphviz may take (default 120)")
     p.set_defaults(handler=cmd_viz)
 

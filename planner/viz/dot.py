@@ -24,6 +24,7 @@ __all__ = ["VizOptions", "VizStats", "to_dot"]
 
 _DISCARD = re.compile(r"\._\d+$")
 ENTRY = "entry"
+BR_LEFT = '<BR ALIGN="LEFT"/>'
 
 
 @dataclass
@@ -93,6 +94,7 @@ class _Builder:
         self.multi = len(used) > 1
         self.ids: dict[str, str] = {}
         self.kinds: list[str] = []
+        self.edge_kinds: set[str] = set()
         self.out_names = set(cp.plan.outputs)
         self.lines: list[str] = []
 
@@ -249,10 +251,11 @@ class _Builder:
         L.append("digraph plan {")
         L.append('  graph [rankdir=TB, newrank=true, compound=true, fontname="Helvetica", fontsize=12,'
                  ' nodesep=0.3, ranksep=0.45, labelloc=t, labeljust=l, '
-                 f'label=<{"<BR/>".join(title)}>];')
+                 f'label=<{BR_LEFT.join(title)}{BR_LEFT}>];')
         L.append('  node [fontname="Helvetica", fontsize=11, shape=box, style="rounded,filled", margin="0.12,0.05"];')
         L.append(f'  edge [fontname="Helvetica", fontsize=9, color="{DATA_COLOR}", arrowsize=0.7];')
         self._emit(tree, (), 1, waits_entry)
+        self._inputs(drawn)
         self._edges(drawn)
         self._legend(waits_entry)
         L.append("}")
@@ -291,6 +294,27 @@ class _Builder:
         a = ", ".join(f"{k}={_q(x)}" for k, x in attrs.items())
         self.lines.append(f"{ind}{self.nid(v)} [label={self.node_label(v)}, {a}];")
 
+    def _inputs(self, drawn):
+        """Plan inputs (not weights) as dashed boxes on top, with edges to their drawn readers."""
+        drawn_set = set(drawn)
+        ranks = []
+        for name in self.cp.plan.inputs:
+            t = self.cp.tensors.get(name)
+            readers = sorted({self.shown(v) for v in self.g.nodes if name in self.g.nodes[v]["op"].inputs()},
+                             key=lambda v: self.order.index(v))
+            readers = [v for v in readers if v in drawn_set]
+            if t is None or not readers:
+                continue
+            nid = f"in{len(ranks)}"
+            ranks.append(nid)
+            label = f"<<B>input</B> {_esc(name)}<BR/><FONT POINT-SIZE=\"9\">{_esc(fmt_shape(t.shape))} {_esc(t.dtype)}</FONT>>"
+            self.lines.append(f'  {nid} [label={label}, style="rounded,dashed", fillcolor="#ffffff", color="#555555",'
+                              f' tooltip={_q("plan input " + name)}];')
+            for v in readers:
+                self.lines.append(f"  {nid} -> {self.nid(v)} [tooltip={_q(name)}];")
+        if ranks:
+            self.lines.append("  { rank=min; " + "; ".join(ranks) + "; }")
+
     def _event_source(self, e: str) -> str | None:
         ev = self.cp.events.get(e)
         if e == ENTRY or not ev or ev.get("op") is None or ev["op"] not in self.g:
@@ -315,17 +339,21 @@ class _Builder:
                 add(ENTRY if src is None else self.shown(src), self.shown(v), "event", e)
         L = self.lines
         for (u, v, kind), whats in agg.items():
+            self.edge_kinds.add(kind)
             su = ENTRY if u == ENTRY else self.nid(u)
             n = len(whats)
+            # inside one collapsed block every edge repeats with the block: the box says how often
+            inner = u in self.group_of and self.group_of[u] is self.group_of.get(v)
             if kind == "data":
                 tip = "; ".join(sorted(set(whats)))[:300]
-                label = f", label={_q(f'×{n}')}" if n > 1 else ""
+                label = f", label={_q(f'×{n}')}" if n > 1 and not inner else ""
                 L.append(f"  {su} -> {self.nid(v)} [tooltip={_q(tip)}{label}];")
             elif kind == "carry":
                 L.append(f'  {su} -> {self.nid(v)} [style=dashed, color="{CARRY_COLOR}", constraint=false,'
                          f' label={_q(f"next block ×{n}")}, fontcolor="{CARRY_COLOR}"];')
             else:
-                label = whats[0] if n == 1 else f"{whats[0]} …(×{n})"
+                first = whats[0] if whats[0] == ENTRY or "/" not in whats[0] else "ev " + _short(whats[0])
+                label = first if n == 1 or inner else f"{first} (×{n})"
                 L.append(f'  {su} -> {self.nid(v)} [style=dashed, penwidth=1.8, color="{EVENT_COLOR}",'
                          f' fontcolor="{EVENT_COLOR}", label={_q(label)}, tooltip={_q("wait on " + label)}];')
 
@@ -336,14 +364,18 @@ class _Builder:
             rows.append(f'<TR><TD BGCOLOR="{fill}" WIDTH="26"> </TD><TD ALIGN="LEFT">{_esc(k)}</TD></TR>')
         rows.append(f'<TR><TD><FONT COLOR="{DATA_COLOR}">━━▶</FONT></TD>'
                     '<TD ALIGN="LEFT">data: consumer reads producer\'s tensor</TD></TR>')
-        rows.append(f'<TR><TD><FONT COLOR="{EVENT_COLOR}">╍╍▶</FONT></TD>'
-                    '<TD ALIGN="LEFT">event: record (tail) → wait (head)</TD></TR>')
-        if self.repeats:
+        if "event" in self.edge_kinds:
+            rows.append(f'<TR><TD><FONT COLOR="{EVENT_COLOR}">╍╍▶</FONT></TD>'
+                        '<TD ALIGN="LEFT">event: recorded after tail op, waited on before head op</TD></TR>')
+        if "carry" in self.edge_kinds:
             rows.append(f'<TR><TD><FONT COLOR="{CARRY_COLOR}">╍╍▶</FONT></TD>'
                         '<TD ALIGN="LEFT">feeds the next repetition</TD></TR>')
         if any(getattr(self.g.nodes[v]["op"], "fused_from", None) for v in self.g.nodes):
-            rows.append('<TR><TD BORDER="1" STYLE="rounded"><B>═</B></TD>'
-                        '<TD ALIGN="LEFT">double border: fused collective</TD></TR>')
+            rows.append('<TR><TD><TABLE BORDER="1" CELLBORDER="1" CELLSPACING="1" CELLPADDING="3"><TR><TD> </TD>'
+                        '</TR></TABLE></TD><TD ALIGN="LEFT">double border: fused collective (lists what it absorbed)</TD></TR>')
+        if self.repeats:
+            rows.append('<TR><TD BORDER="1" STYLE="dashed">×N</TD>'
+                        '<TD ALIGN="LEFT">repeated block: first copy drawn, N copies run</TD></TR>')
         for s in self.streams:
             if not self.multi and s != "main":
                 continue
