@@ -1,0 +1,141 @@
+"""Compiled vs reference: run a plan on seeded random data and compare every output.
+
+The reference is the UNFUSED plan as loaded: planner.graph.build_graph(plan) with
+every op on the main stream, executed op by op in plan order with the torch backend.
+The compiled side is planner.pipeline.compile_plan(plan) (fusion, streams, events,
+packed slots) lowered with the chosen backends. Both see the same inputs, weights,
+dims and facts, so both take the same variants.
+
+Comparison: an output whose reference ancestry is pure data movement (split, cat,
+slice, pad, shard, copy, view, select, all_gather) must be bit-exact; one that went
+through arithmetic (gemm, add, reductions, externs fed by those) must be allclose.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+import torch
+
+from planner.graph import build_graph
+
+from .externs import default_externs
+from .lowering import build_executor, default_schedule
+from .torch_ops import torch_dtype
+
+__all__ = ["make_data", "pick_dims", "run_check", "compile_for_run", "ARITH_KINDS", "TOLERANCE"]
+
+ARITH_KINDS = {"gemm", "add", "reduce_scatter", "all_reduce"}
+TOLERANCE = {"bf16": (2e-2, 2e-2), "fp16": (5e-3, 5e-3), "fp32": (1e-4, 1e-4)}
+
+
+def pick_dims(plan, num_tokens: int | None, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, d in plan.dims.items():
+        if name == "num_tokens" and num_tokens is not None:
+            if not d.lo <= num_tokens <= d.hi:
+                from planner.errors import PlanError
+                raise PlanError.at(None, "param", f"--num-tokens {num_tokens} is outside {d.lo}..{d.hi}")
+            out[name] = num_tokens
+        else:
+            hi = min(d.hi, max(d.lo, 64))
+            out[name] = int(torch.randint(d.lo, hi + 1, (1,), generator=g))
+    return out
+
+
+def make_data(plan, bindings: dict, seed: int, rank: int, device) -> tuple[dict, dict]:
+    """Seeded inputs (differ per rank: they are shards) and weights (scaled 1/sqrt(K))."""
+    from planner.expr import eval_int
+    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    inputs, weights = {}, {}
+    for names, out in ((plan.inputs, inputs), (plan.weights, weights)):
+        for n in names:
+            spec = plan.tensors[n]
+            shape = tuple(eval_int(d, bindings) for d in spec.shape)
+            dt = torch_dtype(spec.dtype)
+            if dt.is_floating_point:
+                t = torch.randn(shape, generator=g)
+                if out is weights and len(shape) == 2 and shape[1] > 0:
+                    t = t / shape[1] ** 0.5
+            else:
+                t = torch.randint(-8, 8, shape, generator=g)
+            out[n] = t.to(dt).to(device)
+    return inputs, weights
+
+
+def compile_for_run(plan, config=None):
+    """planner.pipeline.compile_plan when it exists, else the plain graph in plan order."""
+    try:
+        from planner.pipeline import compile_plan
+    except ImportError:  # pipeline not there yet: run the loaded plan as is
+        cp = build_graph(plan)
+        cp.schedule = default_schedule(cp)
+        return cp
+    return compile_plan(plan, config)
+
+
+def reference_compiled(plan):
+    cp = build_graph(plan)
+    for v in cp.graph.nodes:
+        cp.graph.nodes[v]["stream"] = "main"
+    cp.schedule = default_schedule(cp)
+    return cp
+
+
+def _exactness(ref_cp) -> dict[str, bool]:
+    """output -> True when only data movement produced it."""
+    g = ref_cp.graph
+    arith = {v for v in g.nodes if g.nodes[v]["op"].op in ARITH_KINDS}
+    out = {}
+    for o in ref_cp.plan.outputs:
+        p = ref_cp.tensors[o].producer
+        anc = nx.ancestors(g, p) | {p} if p is not None else set()
+        out[o] = not (anc & arith)
+    return out
+
+
+def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int = 0, device="cpu",
+              group=None, backend_prefs=None, externs=None, compare: bool = True, trials: int = 1) -> dict:
+    """load() -> a fresh Plan (called twice: compile passes rewrite ops in place)."""
+    plan = load()
+    ref_plan = load()
+    b = pick_dims(plan, num_tokens, seed)
+    inputs, weights = make_data(plan, b, seed, rank, device)
+    ext = dict(externs or {})
+    ext.update(default_externs(plan, ext))
+    cp = compile_for_run(plan)
+    ex = build_executor(cp, weights, group=group, device=device, externs=ext, backend_prefs=backend_prefs)
+    outs = ex(dims=b, **inputs)
+    report = {"plan": plan.name, "rank": rank, "dims": b, "variants": dict(ex.last_variants),
+              "passes": list(getattr(cp, "passes_run", [])), "outputs": [], "ok": True,
+              "backends": sorted({v for v in ex.backends.values() if v})}
+    if not compare:
+        report["outputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                              "max_abs_err": None, "ok": None, "exact": None} for n, t in outs.items()]
+        return report
+    rcp = reference_compiled(ref_plan)
+    ref = build_executor(rcp, weights, group=group, device=device, externs=ext, backend_prefs=("torch",))
+    routs = ref(dims=b, **inputs)
+    report["ref_variants"] = dict(ref.last_variants)
+    exact = _exactness(rcp)
+    for n in plan.outputs:
+        a, r = outs[n], routs[n]
+        entry = {"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""), "exact": exact[n]}
+        if a.shape != r.shape or a.dtype != r.dtype:
+            entry.update(max_abs_err=float("inf"), ok=False,
+                         why=f"compiled {tuple(a.shape)} {a.dtype} vs reference {tuple(r.shape)} {r.dtype}")
+        else:
+            diff = (a.float() - r.float()).abs()
+            entry["max_abs_err"] = float(diff.max()) if diff.numel() else 0.0
+            if exact[n]:
+                entry["ok"] = bool(torch.equal(a, r))
+            else:
+                rtol, atol = TOLERANCE.get(plan.tensors[n].dtype, (1e-2, 1e-2))
+                entry["ok"] = bool(torch.allclose(a.float(), r.float(), rtol=rtol, atol=atol))
+        report["ok"] &= entry["ok"]
+        report["outputs"].append(entry)
+    both = set(report["variants"]) & set(report["ref_variants"])
+    if any(report["variants"][r] != report["ref_variants"][r] for r in both):
+        report["ok"] = False
+        report["why"] = "compiled and reference took different variants"
+    return report
