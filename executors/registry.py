@@ -44,7 +44,8 @@ _REGISTRY: dict[tuple[str, str], Impl] = {}
 # optional backends register themselves lazily on first lookup (no GPU imports at import time)
 _LAZY: list[Callable[[], None]] = []
 _loaded_lazy = False
-DEFAULT_PRIORITY = ("cute", "flashinfer", "torch")
+# flashinfer is opt-in (backend_prefs or an op's backend field): its sub-backends want tuning first
+DEFAULT_PRIORITY = ("cute", "torch")
 
 
 def register(kind: str, backend: str, supports: Callable | None = None):
@@ -63,7 +64,7 @@ def _ensure_loaded() -> None:
     global _loaded_lazy
     if not _loaded_lazy:
         _loaded_lazy = True
-        from . import torch_ops  # noqa: F401  - the fallback backend registers itself
+        from . import gemm_backends, torch_ops  # noqa: F401  - backends register themselves
         for load in _LAZY:
             load()
 
