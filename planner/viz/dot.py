@@ -24,6 +24,7 @@ __all__ = ["VizOptions", "VizStats", "to_dot"]
 
 _DISCARD = re.compile(r"\._\d+$")
 ENTRY = "entry"
+EXIT = "exit"
 BR_LEFT = '<BR ALIGN="LEFT"/>'
 
 
@@ -97,6 +98,7 @@ class _Builder:
         self.edge_kinds: set[str] = set()
         self.out_names = set(cp.plan.outputs)
         self.lines: list[str] = []
+        self._clusters: list[tuple] = []
 
     # ---------------------------------------------------------------- mapping
 
@@ -234,9 +236,14 @@ class _Builder:
                     tree[p[:i]] = {"children": [], "nodes": []}
                     tree[p[:i - 1]]["children"].append(p[:i])
             tree[p]["nodes"].append(v)
-        waits_entry = any(self._event_source(e) is None for v in drawn for e in g.nodes[v].get("waits", ()))
+        # the call's start and end: events main records on entry / waits on before returning
+        self.exit_waits = [e for e in getattr(cp, "exit_waits", None) or () if self._event_source(e) is not None]
+        self.terminals = [ENTRY] if any(self._event_source(e) is None for v in g.nodes
+                                        for e in g.nodes[v].get("waits", ())) else []
+        if self.exit_waits:
+            self.terminals.append(EXIT)
         main_lane = ("lane", "main")
-        if waits_entry and (main_lane,) not in tree:
+        if self.terminals and (main_lane,) not in tree:
             tree[(main_lane,)] = {"children": [], "nodes": []}
             tree[()]["children"].append((main_lane,))
 
@@ -254,21 +261,28 @@ class _Builder:
                  f'label=<{BR_LEFT.join(title)}{BR_LEFT}>];')
         L.append('  node [fontname="Helvetica", fontsize=11, shape=box, style="rounded,filled", margin="0.12,0.05"];')
         L.append(f'  edge [fontname="Helvetica", fontsize=9, color="{DATA_COLOR}", arrowsize=0.7];')
-        self._emit(tree, (), 1, waits_entry)
+        self._emit(tree, (), 1)
         self._inputs(drawn)
         self._edges(drawn)
-        self._legend(waits_entry)
+        if ENTRY in self.terminals:
+            L.append(f"  {{ rank=min; {ENTRY}; }}")
+        if EXIT in self.terminals:
+            L.append(f"  {{ rank=max; {EXIT}; }}")
+        self._legend()
         L.append("}")
         return "\n".join(L) + "\n", stats
 
-    def _emit(self, tree, key, depth, waits_entry):
+    def _emit(self, tree, key, depth):
         ind = "  " * depth
         for v in tree[key]["nodes"]:
             self._node(v, ind)
-        if key and key[-1] == ("lane", "main") and len(key) == 1 and waits_entry:
-            self.lines.append(f'{ind}{ENTRY} [label="entry", shape=circle, style=filled, fillcolor="#ffffff",'
-                              f' color="{EVENT_COLOR}", fontsize=9, width=0.5, fixedsize=true,'
-                              ' tooltip="event recorded on main when the plan is called"];')
+        if key == (("lane", "main"),):
+            tips = {ENTRY: "event recorded on main when the plan is called",
+                    EXIT: "main waits on these events before the call returns (join)"}
+            for t in self.terminals:
+                self.lines.append(f'{ind}{t} [label="{t}", shape=circle, style=filled, fillcolor="#ffffff",'
+                                  f' color="{EVENT_COLOR}", fontsize=9, width=0.5, fixedsize=true,'
+                                  f' tooltip="{tips[t]}"];')
         for child in tree[key]["children"]:
             name = f"cluster_{len(self._clusters)}"
             self._clusters.append(child)
@@ -276,10 +290,8 @@ class _Builder:
             self.lines.append(f"{ind}subgraph {name} {{")
             a = ", ".join(f"{k}={_q(v)}" for k, v in attrs.items())
             self.lines.append(f"{ind}  graph [label={label}, {a}, fontsize=11, margin=10];")
-            self._emit(tree, child, depth + 1, waits_entry)
+            self._emit(tree, child, depth + 1)
             self.lines.append(f"{ind}}}")
-
-    _clusters: list = []
 
     def _node(self, v, ind):
         op = self.g.nodes[v]["op"]
@@ -337,27 +349,30 @@ class _Builder:
             for e in g.nodes[v].get("waits", ()):
                 src = self._event_source(e)
                 add(ENTRY if src is None else self.shown(src), self.shown(v), "event", e)
+        for e in self.exit_waits:
+            add(self.shown(self._event_source(e)), EXIT, "event", e)
         L = self.lines
         for (u, v, kind), whats in agg.items():
             self.edge_kinds.add(kind)
             su = ENTRY if u == ENTRY else self.nid(u)
+            sv = EXIT if v == EXIT else self.nid(v)
             n = len(whats)
             # inside one collapsed block every edge repeats with the block: the box says how often
             inner = u in self.group_of and self.group_of[u] is self.group_of.get(v)
             if kind == "data":
                 tip = "; ".join(sorted(set(whats)))[:300]
                 label = f", label={_q(f'×{n}')}" if n > 1 and not inner else ""
-                L.append(f"  {su} -> {self.nid(v)} [tooltip={_q(tip)}{label}];")
+                L.append(f"  {su} -> {sv} [tooltip={_q(tip)}{label}];")
             elif kind == "carry":
-                L.append(f'  {su} -> {self.nid(v)} [style=dashed, color="{CARRY_COLOR}", constraint=false,'
+                L.append(f'  {su} -> {sv} [style=dashed, color="{CARRY_COLOR}", constraint=false,'
                          f' label={_q(f"next block ×{n}")}, fontcolor="{CARRY_COLOR}"];')
             else:
                 first = whats[0] if whats[0] == ENTRY or "/" not in whats[0] else "ev " + _short(whats[0])
                 label = first if n == 1 or inner else f"{first} (×{n})"
-                L.append(f'  {su} -> {self.nid(v)} [style=dashed, penwidth=1.8, color="{EVENT_COLOR}",'
+                L.append(f'  {su} -> {sv} [style=dashed, penwidth=1.8, color="{EVENT_COLOR}",'
                          f' fontcolor="{EVENT_COLOR}", label={_q(label)}, tooltip={_q("wait on " + label)}];')
 
-    def _legend(self, waits_entry):
+    def _legend(self):
         rows = ['<TR><TD COLSPAN="2"><B>legend</B></TD></TR>']
         for k in self.kinds:
             fill, border = kind_color(k)
@@ -389,6 +404,4 @@ class _Builder:
 
 def to_dot(cp, opts: VizOptions | None = None) -> tuple[str, VizStats]:
     """DOT text for a compiled plan, and what it drew."""
-    b = _Builder(cp, opts or VizOptions())
-    b._clusters = []
-    return b.build()
+    return _Builder(cp, opts or VizOptions()).build()

@@ -274,12 +274,15 @@ def _png_graphviz(shapes, width, height, path: Path, timeout: float = 60.0) -> b
                          f' penwidth={pen}, width={max(s.w, 0.3) / 72:.4f}, height={max(s.h, 0.3) / 72:.4f},'
                          f' pos="{cx:.2f},{cy:.2f}!"];')
         else:
-            est = 0.56 * s.size * len(s.s)
-            cx = s.x + {"start": est / 2, "middle": 0, "end": -est / 2}[s.anchor]
+            # a fixed-width box with the text justified inside it, so no text-width guess moves it
+            box = 0.75 * s.size * len(s.s) + 20
+            cx = s.x + {"start": box / 2, "middle": 0, "end": -box / 2}[s.anchor]
             cy = height - s.y + s.size * 0.35
+            just = {"start": "\\l", "middle": "", "end": "\\r"}[s.anchor]
             font = "Helvetica-Bold" if s.bold else "Helvetica"
-            lines.append(f'  t{i} [shape=plaintext, label={q(s.s)}, fontsize={s.size}, fontcolor="{s.color}",'
-                         f' fontname="{font}", fixedsize=false, width=0, height=0, margin=0, pos="{cx:.2f},{cy:.2f}!"];')
+            lines.append(f'  t{i} [shape=plaintext, label={q(s.s)[:-1]}{just}", fontsize={s.size}, fontcolor="{s.color}",'
+                         f' fontname="{font}", width={box / 72:.4f}, height={s.size * 1.3 / 72:.4f}, margin=0,'
+                         f' pos="{cx:.2f},{cy:.2f}!"];')
     lines.append("}")
     try:
         res = subprocess.run([exe, "-Kneato", "-n2", "-Tpng"], input="\n".join(lines).encode(),
