@@ -188,9 +188,9 @@ class _Builder:
         if kind == "rep":
             r = next(x for x in self.repeats if x.gid == key[1])
             first, last = r.instances[0], r.instances[-1]
-            label = (f"<<B>×{r.count}</B>  repeated block of {r.period} op{'s' if r.period > 1 else ''}"
-                     f"<BR/><FONT POINT-SIZE=\"10\">first shown: {_esc(first[0])} … {_esc(first[-1])};"
-                     f" last: {_esc(last[0])} … {_esc(last[-1])}</FONT>>")
+            label = (f"<<B>×{r.count}</B>  repeated block of {r.period} op{'s' if r.period > 1 else ''}{BR_LEFT}"
+                     f"<FONT POINT-SIZE=\"10\">first shown: {_esc(first[0])} … {_esc(first[-1])};"
+                     f" last: {_esc(last[0])} … {_esc(last[-1])}</FONT>{BR_LEFT}>")
             return label, {"style": "dashed,rounded,bold", "color": "#555555", "penwidth": "2"}
         if kind == "region":
             return (f"<<B>region {_esc(key[2])}</B>  (one variant runs per call)>",
@@ -211,7 +211,7 @@ class _Builder:
                         rows.append('<FONT POINT-SIZE="10">(gate is always true here)</FONT>')
                     elif vobj.static is False:
                         rows.append('<FONT POINT-SIZE="10">(gate is always false here: never runs)</FONT>')
-            return "<" + "<BR/>".join(rows) + ">", {"style": "rounded,filled", "fillcolor": "#fffdf5",
+            return "<" + BR_LEFT.join(rows) + BR_LEFT + ">", {"style": "rounded,filled", "fillcolor": "#fffdf5",
                                                     "color": "#b08d2a"}
         s = key[1]
         fill, border = stream_color(s, self.streams)
