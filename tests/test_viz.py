@@ -21,7 +21,13 @@ from planner.viz import VizOptions, to_dot
 from planner.viz.collapse import find_repeats
 from planner.viz.palette import EVENT_COLOR, KIND_COLORS, kind_color
 from planner.viz.render import find_dot
-from planner.viz.timeline import TimelineError, check_records, overlap_us, render_timeline, timeline_svg
+from planner.viz.timeline import (
+    TimelineError,
+    check_records,
+    overlap_us,
+    render_timeline,
+    timeline_svg,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "plans"
@@ -198,7 +204,7 @@ def _chain(n_blocks: int, kinds=("gemm", "add"), broken: int | None = None) -> t
     g, order, prev = nx.DiGraph(), [], None
     for i in range(n_blocks):
         ids = [f"{k}{i}" for k in kinds]
-        for v, k in zip(ids, kinds):
+        for v, k in zip(ids, kinds, strict=True):
             g.add_node(v, op=SimpleNamespace(id=v, op=k, out=[v]), ctx=(), stream="main")
             order.append(v)
         if prev:

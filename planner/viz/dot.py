@@ -367,7 +367,7 @@ class _Builder:
                 L.append(f'  {su} -> {sv} [style=dashed, color="{CARRY_COLOR}", constraint=false,'
                          f' label={_q(f"next block ×{n}")}, fontcolor="{CARRY_COLOR}"];')
             else:
-                first = whats[0] if whats[0] == ENTRY or "/" not in whats[0] else "ev " + _short(whats[0])
+                first = whats[0] if whats[0] == ENTRY or "/" not in whats[0] else "ev." + _short(whats[0])
                 label = first if n == 1 or inner else f"{first} (×{n})"
                 L.append(f'  {su} -> {sv} [style=dashed, penwidth=1.8, color="{EVENT_COLOR}",'
                          f' fontcolor="{EVENT_COLOR}", label={_q(label)}, tooltip={_q("wait on " + label)}];')
