@@ -95,7 +95,8 @@ def _exactness(ref_cp) -> dict[str, bool]:
 
 
 def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int = 0, device="cpu",
-              group=None, backend_prefs=None, externs=None, compare: bool = True, trials: int = 1) -> dict:
+              group=None, backend_prefs=None, externs=None, compare: bool = True, config=None,
+              tuning: dict | None = None) -> dict:
     """load() -> a fresh Plan (called twice: compile passes rewrite ops in place)."""
     plan = load()
     ref_plan = load()
@@ -103,8 +104,9 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
     inputs, weights = make_data(plan, b, seed, rank, device)
     ext = dict(externs or {})
     ext.update(default_externs(plan, ext))
-    cp = compile_for_run(plan)
-    ex = build_executor(cp, weights, group=group, device=device, externs=ext, backend_prefs=backend_prefs)
+    cp = compile_for_run(plan, config)
+    ex = build_executor(cp, weights, group=group, device=device, externs=ext, backend_prefs=backend_prefs,
+                        tuning=tuning)
     outs = ex(dims=b, **inputs)
     report = {"plan": plan.name, "rank": rank, "dims": b, "variants": dict(ex.last_variants),
               "passes": list(getattr(cp, "passes_run", [])), "outputs": [], "ok": True,
@@ -114,7 +116,8 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
                               "max_abs_err": None, "ok": None, "exact": None} for n, t in outs.items()]
         return report
     rcp = reference_compiled(ref_plan)
-    ref = build_executor(rcp, weights, group=group, device=device, externs=ext, backend_prefs=("torch",))
+    ref = build_executor(rcp, weights, group=group, device=device, externs=ext, backend_prefs=("torch",),
+                         tuning=tuning)
     routs = ref(dims=b, **inputs)
     report["ref_variants"] = dict(ref.last_variants)
     exact = _exactness(rcp)

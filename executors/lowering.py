@@ -345,6 +345,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         import json
         with open(tuning) as f:
             tuning = json.load(f)
+    if isinstance(tuning, dict) and isinstance(tuning.get("limits"), dict):
+        tuning = tuning["limits"]  # the `planner tune` file format: {"limits": {...}, "measured": {...}}
     for k, v in (tuning or {}).items():
         if k not in tuned:
             raise BuildError(f"tuning sets '{k}' but the plan declares tuned limits {sorted(tuned)}")

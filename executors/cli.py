@@ -1,0 +1,141 @@
+"""`planner run`: execute a compiled plan on N local ranks, optionally checked against the reference.
+
+    planner run PLAN [--set k=v] [--world-size N] [--device cpu|cuda] [--check]
+                [--num-tokens T] [--seed S] [--emit text|json]
+
+Inputs and weights are seeded random tensors (executors.check.make_data); externs
+the plan calls are the deterministic stand-ins of executors.externs. With --check,
+every output is compared with the unfused single-stream plan: bit-exact for data
+movement, allclose where arithmetic is involved. Exit 0 ok, 1 mismatch or a rank
+failed, 2 invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from planner.errors import PlanError
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run a plan on N local ranks on random inputs (--check: against the reference)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        from planner.commands import add_compile_args, add_plan_args
+        add_plan_args(p)
+        add_compile_args(p)
+    except ImportError:  # planner.commands not there: the plain arguments
+        p.add_argument("plan", help="plan file (YAML)")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="number of ranks (default: the size of the plan's process groups, or 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="gloo on cpu, NCCL on cuda")
+    p.add_argument("--check", action="store_true", help="compare every output with the unfused reference")
+    p.add_argument("--num-tokens", type=int, default=None, metavar="T", help="value of the num_tokens dim")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
+    p.add_argument("--emit", choices=["text", "json"], default="text")
+    p.set_defaults(handler=_run)
+
+
+def _compile_config(ns: dict):
+    try:
+        from planner.commands import config_from_args
+    except ImportError:
+        return None
+    return config_from_args(argparse.Namespace(**ns))
+
+
+def _rank_body(rank, world, path, overrides, ns, device, check, num_tokens, seed):
+    from planner.loader import load_plan
+
+    from .check import run_check
+    cfg = _compile_config(ns)
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    tuning = dict(cfg.tuned) if cfg is not None and cfg.tuned else None
+    return run_check(lambda: load_plan(path, overrides), rank=rank, num_tokens=num_tokens, seed=seed, device=dev,
+                     compare=check, config=cfg, tuning=tuning)
+
+
+def _run(args) -> int:
+    from planner.loader import load_plan, parse_overrides
+
+    from .check import pick_dims
+    from .dist import RankFailure, run_ranks
+    overrides = parse_overrides(args.overrides)
+    plan = load_plan(args.plan, overrides)
+    sizes = sorted({s for s in plan.groups.values() if s > 1})
+    world = args.world_size or (sizes[0] if len(sizes) == 1 else 1)
+    if world < 1:
+        raise PlanError.at(None, "param", "--world-size must be at least 1")
+    for name, size in plan.groups.items():
+        if size not in (1, world):
+            raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
+                               f" (set the plan's size with --set, e.g. --set tp_size={world})")
+    pick_dims(plan, args.num_tokens, args.seed)  # range errors exit 2 here, not inside a rank
+    ns = {k: v for k, v in vars(args).items() if k != "handler"}
+    cfg = _compile_config(ns)
+    try:
+        from planner.pipeline import compile_plan
+        compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
+    except ImportError:
+        pass
+    body = (args.plan, overrides, ns, args.device, args.check, args.num_tokens, args.seed)
+    try:
+        if world == 1 and not sizes:
+            reports = [_rank_body(0, 1, *body)]
+        else:
+            reports = run_ranks(_rank_body, world, *body, backend="nccl" if args.device == "cuda" else "gloo",
+                                timeout_s=args.timeout)
+    except RankFailure as exc:
+        if args.emit == "json":
+            print(json.dumps({"ok": False, "errors": {str(r): {"type": t, "message": m}
+                                                      for r, (t, m) in exc.errors.items()}}, indent=2))
+        else:
+            for r, (t, m) in sorted(exc.errors.items()):
+                print(f"rank {r}: {t}: {m}")
+            print("result: FAILED")
+        return 1
+    ok = all(r["ok"] for r in reports) if args.check else True
+    if args.emit == "json":
+        print(json.dumps({"ok": ok, "world_size": world, "device": args.device, "checked": args.check,
+                          "ranks": reports}, indent=2, default=str))
+    else:
+        print(_table(reports, world, args))
+    return 0 if ok else 1
+
+
+def _table(reports: list[dict], world: int, args) -> str:
+    r0 = reports[0]
+    dims = ", ".join(f"{k}={v}" for k, v in r0["dims"].items())
+    lines = [f"plan {r0['plan']}: {world} rank(s) on {args.device}, {dims}, seed {args.seed}",
+             f"passes: {', '.join(r0['passes']) or '(none)'}; backends: {', '.join(r0['backends'])}"]
+    if r0["variants"]:
+        lines.append("variants:")
+        for region, v in sorted(r0["variants"].items()):
+            ref = r0.get("ref_variants", {}).get(region)
+            same = all(r["variants"].get(region) == v for r in reports)
+            lines.append(f"  {region:<24} {v}" + (f"   (reference: {ref})" if ref is not None else "")
+                         + ("" if same else "   (ranks differ!)"))
+    rows = [("output", "shape", "dtype", "max_abs_err", "check", "ok")]
+    for i, o in enumerate(r0["outputs"]):
+        per = [r["outputs"][i] for r in reports]
+        if args.check:
+            err = max(p["max_abs_err"] for p in per)
+            okv = all(p["ok"] for p in per)
+            rows.append((o["name"], str(o["shape"]), o["dtype"], f"{err:.3g}",
+                         "exact" if o["exact"] else "allclose", "yes" if okv else "NO"))
+        else:
+            rows.append((o["name"], str(o["shape"]), o["dtype"], "-", "-", "-"))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    if args.check:
+        ok = all(r["ok"] for r in reports)
+        why = sorted({r.get("why") for r in reports if r.get("why")})
+        lines.append(f"result: {'OK' if ok else 'MISMATCH'} ({len(r0['outputs'])} outputs x {world} rank(s))"
+                     + (f": {'; '.join(why)}" if why else ""))
+    return "\n".join(lines)
