@@ -100,6 +100,20 @@ def did_you_mean(name: str, candidates) -> str | None:
     return f"did you mean '{c}'?" if c else None
 
 
+class no_gc:
+    """Pause the cyclic GC while building large object graphs (it made big plans superlinear)."""
+
+    def __enter__(self):
+        import gc
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        import gc
+        if self.was:
+            gc.enable()
+
+
 def display_path(path: Path | str) -> str:
     """Path as the user would type it: relative to the cwd when possible."""
     p = Path(path)

@@ -244,7 +244,13 @@ def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander
 # ---------------------------------------------------------------- main
 
 def load_plan(path: str | Path, overrides: dict | None = None, text: str | None = None) -> Plan:
-    overrides = overrides or {}
+    """Load, expand and check a plan file (or `text` as if it were that file)."""
+    from .errors import no_gc
+    with no_gc():
+        return _load_plan(path, overrides or {}, text)
+
+
+def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     tree = load_tree(Path(path), text)
     root_src, root = tree[-1]
     if not root.plan:

@@ -21,7 +21,12 @@ def check_pass_names(names) -> None:
 
 
 def compile_plan(plan: Plan, config: CompileConfig | None = None) -> Compiled:
-    cfg = config or CompileConfig()
+    from .errors import no_gc
+    with no_gc():
+        return _compile(plan, config or CompileConfig())
+
+
+def _compile(plan: Plan, cfg: CompileConfig) -> Compiled:
     check_pass_names(cfg.disable_passes | cfg.dump_after | ({cfg.stop_after} if cfg.stop_after else set()))
     bad = REQUIRED & cfg.disable_passes
     if bad:

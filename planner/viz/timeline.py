@@ -242,7 +242,7 @@ def _png_matplotlib(shapes, width, height, path: Path) -> bool:
         else:
             ax.text(s.x, s.y, s.s, fontsize=s.size * 0.75, ha={"start": "left", "middle": "center", "end": "right"}[s.anchor],
                     va="baseline", color=s.color, fontweight="bold" if s.bold else "normal")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
     return True
 
