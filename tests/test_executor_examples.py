@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 
 import torch
@@ -11,10 +12,10 @@ EX = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EX / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    # a plain import (not exec from a path) so spawned ranks can unpickle the module's functions
+    if str(EX) not in sys.path:
+        sys.path.insert(0, str(EX))
+    return importlib.import_module(name)
 
 
 def test_kda_projection_module_forward_on_cpu():
