@@ -367,7 +367,7 @@ class Expander:
         src, env = e.src, e.env
         kloc = src.loc(e.path)
         outs = self.out_names(key, env, kloc)
-        vloc = src.value_loc(e.path)
+        vloc = src.value_loc(e.path + (key,))
         if not isinstance(value, str):
             raise PlanError.at(vloc, "schema", f"'{key}' must map to a call such as 'gemm(x, w)'")
         text = self.interp(value, env, vloc)
@@ -417,7 +417,7 @@ class Expander:
             kw[k] = v
         d, flocs = {}, {}
         for k, v in kw.items():
-            flocs[k] = loc.shift(v.pos if hasattr(v, "pos") else 0)
+            flocs[k] = loc.shift(_start(v) if hasattr(v, "pos") else 0)
             d[k] = self.convert_ast(v, k, scope, loc, env, f"{op_id_hint}.{k}")
         self.finish(ast.fn, d, op_outs, scope if anon is None else _Raw(scope), loc.shift(ast.pos), flocs)
         return self.ops[-1].d["out"][0]
@@ -438,7 +438,7 @@ class Expander:
             if it.stop is not None:
                 d["stop"] = self.dim_text(it.stop)
             o = (outs if anon is None else [anon]) if last else [f"{(anon or scope.prefix + outs[0])}.s{dim}"]
-            self.finish("slice", d, o, scope if (last and anon is None) else _Raw(scope), loc.shift(ast.pos), {})
+            self.finish("slice", d, o, scope if (last and anon is None) else _Raw(scope), loc.shift(_start(ast)), {})
             cur = self.ops[-1].d["out"][0]
         return cur
 
@@ -539,6 +539,13 @@ class Expander:
                 raise PlanError.at(src.loc(bpath), "schema", f"block '{name}' does not define its output '{missing[0]}'")
         self.block_stack.pop()
         return fixed[bouts[0]] if bouts else None
+
+
+def _start(e) -> int:
+    """Column of the first character of an expression (Index and Bin positions are their operators)."""
+    while isinstance(e, Index) or (hasattr(e, "l") and hasattr(e, "op")):
+        e = e.value if isinstance(e, Index) else e.l
+    return e.pos
 
 
 class _Raw(Scope):

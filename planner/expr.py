@@ -210,7 +210,11 @@ class _Parser:
                 return Name("false", pos=t.pos)
             if t.text in _KEYWORDS:
                 raise ExprError(f"unexpected keyword '{t.text}'", t.pos)
+            if "." in t.text and not t.text.startswith("tuned."):
+                raise ExprError(f"attribute access ('{t.text}') is not allowed; only tuned.NAME is dotted", t.pos)
             if self.at("("):
+                if "." in t.text:
+                    raise ExprError(f"'{t.text}' is not a function", t.pos)
                 return self.postfix(self.call(t))
             return self.postfix(Name(t.text, pos=t.pos))
         if t.text == "-":
