@@ -1,0 +1,117 @@
+"""CUDA graphs over an Executor: one captured graph per dim bucket.
+
+    g = GraphedExecutor(executor)                  # buckets from the plan's dim spec
+    outs = g(x=hidden_states)                      # pad to the bucket, replay, slice back
+
+A separate wrapper over an already-lowered callable (as Thunder's CUDAGraphTransform):
+static input buffers per bucket, two warm-up calls on a side stream, capture into a
+memory pool shared by all buckets, then per call: copy the inputs into the static
+buffers, replay, return the outputs sliced back to this call's dims. The capture
+runs the executor with `capturing` true, so gates such as the KDA two-branch one
+select the multi-stream variant inside the graph.
+
+Padding: an input dim that is exactly the bucketed dim (x: [num_tokens, hidden]) is
+padded up to the bucket; rows past the real ones are left from earlier calls, which
+is harmless for row-independent plans. An input dim derived from it
+(ceil_div(num_tokens, tp)) cannot be padded without changing which rows each rank
+holds, so such inputs must already come at the bucket's shape (pass dims= with the
+padded token count, as vLLM pads num_tokens before sp_shard); otherwise an error.
+
+Returned tensors are views of the graph's static outputs: the next replay of the
+same bucket overwrites them (clone_outputs=True copies).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from planner.expr import eval_int, free_names
+
+from .torch_ops import torch_dtype
+
+__all__ = ["GraphedExecutor"]
+
+
+class GraphedExecutor:
+    def __init__(self, executor, buckets: list[int] | None = None, dim: str = "num_tokens",
+                 warmup: int = 2, clone_outputs: bool = False):
+        if not executor._cuda:
+            raise RuntimeError("GraphedExecutor needs an executor built for a CUDA device")
+        plan = executor.plan
+        if dim not in plan.dims:
+            raise ValueError(f"plan '{plan.name}' has no dim '{dim}' (dims: {sorted(plan.dims)})")
+        self.ex, self.dim, self.warmup, self.clone = executor, dim, warmup, clone_outputs
+        self.buckets = sorted(buckets or plan.dims[dim].buckets)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs, variants)
+        self.last_variants: dict[str, str] = {}
+        self.last_bucket: int | None = None
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"{self.dim} = {n} is above the largest captured bucket {self.buckets[-1]}")
+
+    def _shape(self, name: str, b: dict) -> tuple:
+        return tuple(eval_int(d, b) for d in self.ex._specs[name].shape)
+
+    def capture(self, bindings: dict):
+        """Capture the graph for these (bucket) bindings; returns its cache entry."""
+        key = tuple(sorted(bindings.items()))
+        if key in self.graphs:
+            return self.graphs[key]
+        ex, dev = self.ex, self.ex.device
+        static_in = {n: torch.zeros(self._shape(n, bindings), dtype=torch_dtype(ex._specs[n].dtype), device=dev)
+                     for n in ex.plan.inputs}
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                ex(dims=dict(bindings), **static_in)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static_out = ex(dims=dict(bindings), **static_in)
+        entry = (graph, static_in, static_out, dict(ex.last_variants))
+        self.graphs[key] = entry
+        return entry
+
+    def capture_all(self, other_dims: dict | None = None):
+        """Capture every bucket, largest first (so smaller ones reuse the pool's blocks)."""
+        for bk in reversed(self.buckets):
+            self.capture({**(other_dims or {}), self.dim: bk})
+
+    def __call__(self, dims: dict | None = None, **inputs):
+        ex = self.ex
+        b = ex._solver.solve(inputs, dims)
+        n = b[self.dim]
+        bk = self.bucket_for(n)
+        padded = {**b, self.dim: bk}
+        graph, static_in, static_out, variants = self.capture(padded)
+        for name, t in inputs.items():
+            dst = static_in[name]
+            if dst.shape == t.shape:
+                dst.copy_(t)
+                continue
+            spec = ex._specs[name]
+            view = dst
+            for ax, d in enumerate(spec.shape):
+                if isinstance(d, int) or t.shape[ax] == dst.shape[ax]:
+                    continue
+                if type(d).__name__ != "Name" or d.id != self.dim:
+                    raise ValueError(f"input '{name}' dim {ax} ({t.shape[ax]}) is derived from {self.dim} and cannot"
+                                     f" be padded to bucket {bk}; pass it at the bucket's shape {tuple(dst.shape)}"
+                                     f" with dims={{'{self.dim}': {bk}}}")
+                view = view.narrow(ax, 0, t.shape[ax])
+            view.copy_(t)
+        graph.replay()
+        self.last_variants, self.last_bucket = variants, bk
+        out = {}
+        for name, t in static_out.items():
+            v = t
+            for ax, d in enumerate(ex._specs[name].shape):
+                if not isinstance(d, int) and self.dim in free_names(d):
+                    v = v.narrow(ax, 0, eval_int(d, b))
+            out[name] = v.clone() if self.clone else v
+        return out
