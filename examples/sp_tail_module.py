@@ -44,7 +44,7 @@ class SPTail(nn.Module):
     def forward(self, final: torch.Tensor, aux: list[torch.Tensor], num_tokens: int):
         if len(aux) != len(self.aux_names):
             raise ValueError(f"expected {len(self.aux_names)} aux states ({self.aux_names}), got {len(aux)}")
-        out = self.executor(dims={"num_tokens": num_tokens}, final=final, **dict(zip(self.aux_names, aux)))
+        out = self.executor(dims={"num_tokens": num_tokens}, final=final, **dict(zip(self.aux_names, aux, strict=True)))
         return out["final_full"], [out[f"{n}_full"] for n in self.aux_names]
 
 

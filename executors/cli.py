@@ -132,7 +132,7 @@ def _table(reports: list[dict], world: int, args) -> str:
             rows.append((o["name"], str(o["shape"]), o["dtype"], "-", "-", "-"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
-        lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+        lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths, strict=False)).rstrip())
     if args.check:
         ok = all(r["ok"] for r in reports)
         why = sorted({r.get("why") for r in reports if r.get("why")})

@@ -17,7 +17,7 @@ are cached per (input shapes, given dims), so a steady-state call costs a dict l
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from planner.expr import Expr, eval_int, fold, free_names, parse, unparse
 

@@ -39,7 +39,7 @@ class RegionGate:
                 self.gates.append(compile_gate(v.when))
 
     def choose(self, facts) -> str:
-        for name, g in zip(self.names, self.gates):
+        for name, g in zip(self.names, self.gates, strict=True):
             if g is None:
                 return name
             if g is not False and g(facts):

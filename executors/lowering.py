@@ -196,7 +196,7 @@ class Executor:
                             t.record_stream(main if name == MAIN else side_stream(name, self.device))
                 started[st.stream] = st
             if isinstance(res, list):
-                for n, t in zip(st.outs, res):
+                for n, t in zip(st.outs, res, strict=True):
                     env[n] = t
             else:
                 if out is not None and res is not out and st.slot is not None:
@@ -400,7 +400,7 @@ def _lower_steps(cp, bctx, device, prefs) -> list[_Step]:
                                      f" write into '{op.out[0]}' (out_slot={ms})")
         if op.op == "select":
             variants = list(op.variants) or [x.name for x in cp.plan.regions[op.region].variants]
-            st.select = (op.region, dict(zip(variants, op.choices)))
+            st.select = (op.region, dict(zip(variants, op.choices, strict=True)))
             st.run = None
         else:
             specs = [cp.tensors[n] for n in op.inputs()]

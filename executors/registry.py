@@ -18,8 +18,8 @@ error naming the op and the backends tried; nothing falls back silently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["Impl", "register", "register_lazy", "lookup", "backends_for", "UnsupportedOp", "DEFAULT_PRIORITY"]
 

@@ -125,7 +125,7 @@ def _cat(op, bctx):
             raise RuntimeError(f"cat '{op.id}' has in-place members but no packed buffer was allocated")
         d = dim % out.dim()
         off = 0
-        for t, done in zip(ins, inplace):
+        for t, done in zip(ins, inplace, strict=True):
             n = t.shape[d]
             if not done:
                 out.narrow(d, off, n).copy_(t)

@@ -156,8 +156,8 @@ def shipped_and_random(rank, world, random_texts, num_tokens):
     b = rep["dims"]
     shards = [make_data(plan, b, 11, r, "cpu")[0] for r in range(world)]
     rep["independent_ok"] = True
-    from executors.lowering import build_executor
     from executors.check import compile_for_run
+    from executors.lowering import build_executor
     ex = build_executor(compile_for_run(sp()), {}, device="cpu")
     outs = ex(dims=b, **shards[rank])
     for name in plan.inputs:

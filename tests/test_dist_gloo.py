@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from dist_plans import mismatched, random_plan, shipped_and_random, wrong_group_size
+
 from executors.dist import RankFailure, run_ranks
 
 N_RANDOM = 12

@@ -30,7 +30,7 @@ def test_kda_projection_module_forward_on_cpu():
     f = block.executor.facts({"x": x}, capturing=True)
     out2 = block.executor(x=x, _facts=f)
     assert block.executor.last_variants == {"kda_projection.0": "two_branch"}
-    for a, b in zip(outs, (out2["mixed_qkv"], out2["g_proj"], out2["g1"], out2["beta"])):
+    for a, b in zip(outs, (out2["mixed_qkv"], out2["g_proj"], out2["g1"], out2["beta"]), strict=False):
         assert torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
