@@ -122,7 +122,7 @@ def verify(cp: Compiled) -> None:
             raise VerifyError(f"plan output {o} is gone")
     _verify_shapes(cp)
     if cp.schedule:
-        _verify_schedule(cp)
+        _verify_schedule(cp, events="derive-events" in cp.passes_run)
 
 
 def _ctx_visible(producer_ctx: tuple, consumer_ctx: tuple) -> bool:
@@ -146,7 +146,7 @@ def _verify_shapes(cp: Compiled) -> None:
                 raise VerifyError(f"{v}: {s.name} is recorded as {t.shape} {t.dtype} but infers to {s.shape} {s.dtype}")
 
 
-def _verify_schedule(cp: Compiled) -> None:
+def _verify_schedule(cp: Compiled, events: bool) -> None:
     g = cp.graph
     if sorted(cp.schedule) != sorted(g.nodes):
         raise VerifyError("schedule does not list every op exactly once")
@@ -154,6 +154,8 @@ def _verify_schedule(cp: Compiled) -> None:
     for u, v in g.edges:
         if pos[u] >= pos[v]:
             raise VerifyError(f"schedule runs {v} before its input {u}")
+    if not events:
+        return
     recorded: dict[str, str | None] = {"entry": None} if "entry" in cp.events else {}
     for v in cp.schedule:
         d = g.nodes[v]

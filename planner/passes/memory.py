@@ -69,7 +69,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         out["variants"][n] = peak(cp, choice, upper)
     out["weights_bytes"] = sum(nbytes_at(cp.tensors[w], upper) for w in cp.plan.weights)
     out["inputs_bytes"] = sum(nbytes_at(cp.tensors[i], upper) for i in cp.plan.inputs)
-    fused = cp.report.get("fuse-collectives", {}).get("buckets", [])
+    fus = cp.report.get("fuse-collectives")
+    fused = fus.get("buckets", []) if isinstance(fus, dict) else []
     # a copied member exists twice (its own storage and its slot); in-place members once
     out["fusion_added_bytes"] = sum(b["copied_bytes_max"] for b in fused)
     cp.report[NAME] = out

@@ -1,0 +1,114 @@
+"""Every error class: located, readable, exit code 2, nothing executed."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from planner.cli import main
+from planner.errors import CODES
+from tests.planutil import HEADER, error, write
+
+CASES = {
+    "yaml": ("inputs:\n  y: [num_tokens, 8] bf16\n", "YAML syntax"),
+    "schema": ("outputs: [y]\nops:\n  - {op: gemm, a: x, b: w, out: y, bias: z}\n", "'bias' is not a field"),
+    "expr": ("outputs: [y]\nops:\n  - y: gemm(x, w\n", "expected ')'"),
+    "name": ("outputs: [y]\nops:\n  - y: gemm(x, ww)\n", "undefined tensor 'ww'"),
+    "type": ("outputs: [y]\nops:\n  - y: copy(x, dtype=fp7)\n", "unknown dtype"),
+    "shape": ("outputs: [y]\nops:\n  - y: gemm(x, w2[:, :8])\n", "K mismatch"),
+    "dup": ("outputs: [y]\nops:\n  - y: copy(x)\n  - y: copy(x)\n", "defined twice"),
+    "cycle": ("outputs: [y]\nops:\n  - y: add(z, x)\n  - z: add(y, x)\n", "cycle"),
+    "variant": ("outputs: [y]\nvariants:\n  - name: a\n    ops: [{y: copy(x)}]\n  - name: b\n    ops: [{y: copy(x)}]\n",
+                "not last"),
+    "include": ("include: [../outside.yaml]\noutputs: [x]\nops: []\n", "leaves the plan's directory"),
+    "limit": ("outputs: [x]\nops:\n  - for: i in range(3000000)\n    ops: []\n", "too long"),
+}
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_error_class(tmp_path, code):
+    body, words = CASES[code]
+    err = error(tmp_path / "sub", body)
+    d = err.diagnostics[0]
+    assert d.code == code, d.format()
+    assert words in d.message + (d.hint or ""), d.format()
+    assert d.loc is not None and d.loc.file.endswith("plan.yaml") and d.loc.line > 0, d.format()
+
+
+def test_every_documented_code_is_tested():
+    tested = set(CASES) | {"param", "io", "stream"}
+    assert set(CODES) <= tested
+
+
+@pytest.mark.parametrize("body, words", [
+    ("params:\n  tp_size: {value: 3, choices: [1, 2, 4, 8]}\noutputs: [x]\nops: []\n", "not one of"),
+    ("params:\n  a: b * 2\n  b: a + 1\noutputs: [x]\nops: []\n", "cycle"),
+])
+def test_param_errors(tmp_path, body, words):
+    hdr = "plan: t\ndims: {num_tokens: 1..4}\ninputs: {x: 'bf16[num_tokens, 8]'}\n"
+    err = error(tmp_path, body, header=hdr)
+    assert words in str(err)
+
+
+def test_set_unknown_param_suggests(tmp_path, capsys):
+    p = write(tmp_path, HEADER + "outputs: [x]\nops: []\n")
+    assert main(["validate", str(p), "--set", "tp_sise=4"]) == 2
+    err = capsys.readouterr().err
+    assert "no param 'tp_sise'" in err and "did you mean 'tp_size'" in err
+
+
+def test_unreadable_file(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read plan" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("payload", [
+    "params: {hidden: \"__import__('os').system('touch PWNED')\"}",
+    "params: {hidden: !!python/object/apply:os.system ['touch PWNED']}",
+    "outputs: [y]\nops:\n  - y: \"gemm(x, w).__class__.__mro__\"",
+    "outputs: [y]\nvariants:\n  - {name: a, when: \"exec('open(1)')\", ops: [{y: copy(x)}]}\n  - {name: b, ops: [{y: copy(x)}]}",
+    "outputs: [\"{__import__('os').system('touch PWNED')}\"]\nops: []",
+])
+def test_injected_code_is_never_run(tmp_path, payload):
+    os.chdir(tmp_path)
+    p = write(tmp_path, "plan: t\ndims: {num_tokens: 1..4}\ninputs: {x: 'bf16[num_tokens, 8]'}\n"
+              "weights: {w: 'bf16[8, 8]'}\n" + payload + "\n")
+    assert main(["validate", str(p)]) == 2
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_cli_process_exit_codes_and_no_traceback(tmp_path):
+    bad = write(tmp_path, "plan: t\nops: [\n")
+    good = write(tmp_path, HEADER + "outputs: [y]\nops:\n  - y: gemm(x, w)\n", "good.yaml")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "planner", "validate", str(bad)], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "error[yaml]" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "planner", "validate", str(good)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "planner", "compile", str(bad), "--emit", "json"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 2
+    data = json.loads(r.stdout)
+    assert data["ok"] is False and data["errors"][0]["line"] >= 2 and data["errors"][0]["code"] == "yaml"
+
+
+def test_located_message_format(tmp_path):
+    err = error(tmp_path, "outputs: [y]\nops:\n  - y, z: split(x, [48, 15])\n")
+    text = err.diagnostics[0].format()
+    assert text.startswith(f"{tmp_path / 'plan.yaml'}:16:20: error[shape]: ")
+
+
+def test_limits_big_and_deep(tmp_path):
+    laughs = "a: &a [1,1,1,1,1,1,1,1,1]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join(['*a' + (str(i - 1) if i > 1 else '')] * 9)}]\n" for i in range(1, 12))
+    err = error(tmp_path, "", header="plan: t\n" + laughs)
+    assert err.code == "limit"
+    deep = "plan: t\nparams:\n  x: " + "[" * 500 + "]" * 500 + "\n"
+    p = write(tmp_path, deep, "deep.yaml")
+    assert main(["validate", str(p)]) == 2
+    nested = "plan: t\nparams:\n" + textwrap.indent("".join("  " * i + f"k{i}:\n" for i in range(100)), "  ")
+    p = write(tmp_path, nested, "nested.yaml")
+    assert main(["validate", str(p)]) == 2
