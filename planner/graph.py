@@ -72,7 +72,8 @@ def build_graph(plan: Plan) -> Compiled:
                 else:
                     g.add_edge(p, op.id, tensors=[name])
     variants = {rid: list(r.variants) for rid, r in plan.regions.items()}
-    return Compiled(plan, g, tensors, variants=variants)
+    streams = ["main"] + sorted({op.stream for op in plan.ops if op.stream and op.stream != "main"})
+    return Compiled(plan, g, tensors, streams=streams, variants=variants)
 
 
 def rebuild_edges(cp: Compiled) -> None:
@@ -170,8 +171,12 @@ def _verify_schedule(cp: Compiled, events: bool) -> None:
         if e not in recorded:
             raise VerifyError(f"exit waits on event {e} that is never recorded")
     # every cross-stream dependency must be ordered by a chain of waits
-    from .passes.events import happens_before
+    from .passes.events import happens_before, joined_at_exit
     hb = happens_before(cp)
     for u, v in g.edges:
         if g.nodes[u]["stream"] != g.nodes[v]["stream"] and not hb(u, v):
             raise VerifyError(f"{v} on {g.nodes[v]['stream']} reads from {u} on {g.nodes[u]['stream']} without an event")
+    # and the caller's stream must know all side-stream work is done before the call returns
+    missing = joined_at_exit(cp)
+    if missing:
+        raise VerifyError(f"side-stream work is not joined back before returning: {missing[0]}")

@@ -178,6 +178,33 @@ def _possible_lasts(g, ops_on_stream: list[str]) -> list[str]:
     return list(reversed(out))
 
 
+def joined_at_exit(cp: Compiled) -> list[str]:
+    """Ops on side streams that the caller's stream does not know complete at return."""
+    g = cp.graph
+    pos, counters = {}, {}
+    for v in cp.schedule:
+        if not _is_view(g, v):
+            s = g.nodes[v]["stream"]
+            counters[s] = counters.get(s, 0) + 1
+            pos[v] = counters[s]
+    covered: dict = {}  # (stream, ctx) -> latest recording position main waited on
+    waited = [e for v in cp.schedule if g.nodes[v]["stream"] == "main" for e in g.nodes[v]["waits"]]
+    for e in waited + list(cp.exit_waits):
+        r = cp.events.get(e, {}).get("op")
+        if r:
+            key = (g.nodes[r]["stream"], g.nodes[r]["ctx"])
+            covered[key] = max(covered.get(key, 0), pos[r])
+    missing = []
+    for u, p in pos.items():
+        s, ctx = g.nodes[u]["stream"], g.nodes[u]["ctx"]
+        if s == "main":
+            continue
+        if not any(covered.get((s, c), 0) >= p for c in {(), ctx} | {k[1] for k in covered
+                                                                   if k[0] == s and _implied(k[1], ctx)}):
+            missing.append(u)
+    return missing
+
+
 def happens_before(cp: Compiled):
     """hb(u, v): u's work is ordered before v's on the GPU, for any variant choice where both run."""
     g = cp.graph
