@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "planner.commands",       # validate, compile
     "planner.viz.cli",        # viz
     "executors.cli",          # run, tune, bench
+    "executors.perf_cli",
 ]
 
 

@@ -1,0 +1,217 @@
+"""CPU tests of `planner tune` / `planner bench` support: the tuning-file format, limit
+derivation, that `planner compile --tuning` changes limits and cost numbers, and that
+apply_tuning rewires gemm steps without changing results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from executors import build_executor
+from executors.bench import close_report, md_table, parse_tokens, write_report
+from executors.check import make_data
+from executors.tune import (
+    ForcedGate,
+    apply_tuning,
+    derive_limit,
+    gemm_runner,
+    limit_gates,
+    load_tuning,
+    new_tuning,
+    parse_signature,
+    plan_gemms,
+    save_tuning,
+    tuned_executor,
+    validate_tuning,
+)
+from planner.cli import main
+from planner.loader import load_plan
+from planner.pipeline import compile_plan
+
+PLANS = Path(__file__).resolve().parent.parent / "plans"
+KDA = PLANS / "k3_kda_projection.yaml"
+SMALL = {"hidden": 64, "kda_heads": 8, "head_dim": 4, "fa_rank": 8}   # tp 8: qkvg 16, fab 13, head_cols 4
+
+
+# ------------------------------------------------------------------ file format
+
+def _sample() -> dict:
+    t = new_tuning("NVIDIA H200", "2.11.0", date="2026-11-30T02:00:00+00:00")
+    t["limits"] = {"kda_two_branch_max": 8}
+    t["backends"] = {"gemm:bf16:M=8,N=6144,K=7168": {"backend": "cute", "config": {"kind": "stream", "m_tile": 8}},
+                     "gemm:bf16:M=16,N=6144,K=7168": {"backend": "torch", "config": None}}
+    t["measured"] = {"gemm:bf16:M=8,N=6144,K=7168": 22.9, "gemm:bf16:M=16,N=6144,K=7168": 24.5}
+    t["variants"] = {"kda_projection.0": {"8": {"two_branch": 25.0, "packed": 26.0}}}
+    return t
+
+
+def test_tuning_round_trip(tmp_path):
+    t = _sample()
+    p = save_tuning(t, tmp_path / "sub" / "tuning.json")
+    back = load_tuning(p)
+    assert back == t
+    assert list(json.loads(p.read_text()))[:7] == ["device", "date", "torch", "limits", "backends", "measured",
+                                                     "variants"]
+    assert load_tuning(back) is back  # a dict passes through
+
+
+@pytest.mark.parametrize("bad, word", [
+    ({"limits": {"x": -1}}, "limits.x"),
+    ({"limits": {"x": 1.5}}, "limits.x"),
+    ({"limits": {"x": True}}, "limits.x"),
+    ({"measured": {"s": "fast"}}, "measured"),
+    ({"backends": {"s": "torch"}}, "backends"),
+    ({"backends": {"s": {"backend": "cute", "config": 3}}}, "config"),
+    ({"limits": []}, "'limits' must be an object"),
+    ([], "JSON object"),
+])
+def test_tuning_validation_names_the_key(bad, word):
+    with pytest.raises(ValueError, match=word.replace("[", r"\[").replace(".", r"\.")):
+        validate_tuning(bad)
+
+
+def test_parse_signature():
+    assert parse_signature("gemm:bf16:M=8,N=6144,K=7168") == ("bf16", 8, 6144, 7168)
+    assert parse_signature("all_gather:bf16[4x7168]") is None
+
+
+# ------------------------------------------------------------------ limits
+
+def test_derive_limit_from_synthetic_measurements():
+    v, f = "two_branch", "packed"
+    t = {1: {v: 25.0, f: 27.0}, 2: {v: 25.1, f: 27.1}, 4: {v: 25.2, f: 27.0}, 8: {v: 25.4, f: 27.2},
+         12: {v: 28.0, f: 27.3}, 16: {v: 26.0, f: 27.4}}
+    assert derive_limit(t, v, f) == 8            # loses at 12: 16's win does not count
+    assert derive_limit({str(k): x for k, x in t.items()}, v, f) == 8   # JSON keys are strings
+    assert derive_limit({1: {v: 30.0, f: 27.0}, 2: {v: 1.0, f: 27.0}}, v, f) == 0
+    all_win = {b: {v: 1.0, f: 2.0} for b in (1, 2, 4, 16)}
+    assert derive_limit(all_win, v, f) == 16
+    assert derive_limit({1: {v: 26.0, f: 27.0}}, v, f, min_gain=0.05) == 0   # 3.7% < 5%
+    assert derive_limit({1: {v: 26.0, f: 27.0}, 2: {f: 27.0}}, v, f) == 1    # missing time stops the scan
+    assert derive_limit({1: {v: 27.0, f: 27.0}}, v, f) == 0                  # a tie is no win
+
+
+def test_limit_gates_found_from_plan():
+    plan = load_plan(KDA)
+    assert limit_gates(plan) == {"kda_two_branch_max": ("kda_projection.0", "two_branch", "packed")}
+
+
+def test_plan_gemm_signatures_cover_both_variants():
+    plan = load_plan(KDA)
+    cp = compile_plan(plan)
+    sigs = plan_gemms(cp, "num_tokens", [1, 8, 16])
+    for m in (1, 8, 16):
+        for n, k in ((6144, 7168), (144, 7168), (1536, 128), (6288, 7168)):
+            assert f"gemm:bf16:M={m},N={n},K={k}" in sigs
+    assert len(sigs) == 12
+
+
+# ------------------------------------------------------------------ compile --tuning
+
+def _compile_json(capsys, *extra):
+    assert main(["compile", str(KDA), "--emit", "json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_compile_tuning_changes_limit_and_costs(tmp_path, capsys):
+    base = _compile_json(capsys)
+    tb = lambda d: [r for r in d["critical_path"] if r["variant"] == "two_branch"]  # noqa: E731
+    assert [r["bindings"]["num_tokens"] for r in tb(base)] == [1, 2]          # plan default limit 2
+    t = new_tuning()
+    t["limits"] = {"kda_two_branch_max": 12}
+    f = tmp_path / "t.json"
+    save_tuning(t, f)
+    tuned = _compile_json(capsys, "--tuning", str(f))
+    assert max(r["bindings"]["num_tokens"] for r in tb(tuned)) == 12           # gate limit moved
+    # measured times replace the model's estimate for those op signatures
+    t["measured"] = {f"gemm:bf16:M={m},N=6288,K=7168": 100.0 for m in (1, 2, 4, 8, 12, 16)}
+    t["measured"].update({f"gemm:bf16:M={m},N=1536,K=128": 1.0 for m in (1, 2, 4, 8, 12, 16)})
+    save_tuning(t, f)
+    measured = _compile_json(capsys, "--tuning", str(f))
+    packed = {r["bindings"]["num_tokens"]: r["serial_us"] for r in measured["critical_path"] if r["variant"] == "packed"}
+    assert all(abs(v - 101.0) < 1e-6 for v in packed.values()), packed
+    before = {r["bindings"]["num_tokens"]: r["serial_us"] for r in base["critical_path"] if r["variant"] == "packed"}
+    assert packed != before
+
+
+# ------------------------------------------------------------------ executor hook
+
+def _small_exec(tuning=None):
+    plan = load_plan(KDA, dict(SMALL))
+    cp = compile_plan(plan)
+    _, w = make_data(plan, {"num_tokens": 4}, seed=1, rank=0, device="cpu")
+    return plan, cp, w
+
+
+def test_gemm_runner_torch_into_column_slice():
+    a = torch.randn(3, 16)
+    w = torch.randn(5, 16)
+    buf = torch.full((3, 9), float("nan"))
+    r = gemm_runner("torch", None, torch.float32)(a, w, buf[:, 2:7])
+    assert torch.allclose(buf[:, 2:7], a @ w.t(), atol=1e-5) and torch.allclose(r, a @ w.t(), atol=1e-5)
+    with pytest.raises(ValueError, match="unknown gemm backend"):
+        gemm_runner("nope")
+
+
+def test_apply_tuning_rewires_gemms_and_keeps_results():
+    plan, cp, w = _small_exec()
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    want = build_executor(cp, w, device="cpu")(x=x)
+    t = new_tuning()
+    t["backends"] = {f"gemm:bf16:M={m},N={n},K={k}": {"backend": "torch", "config": None}
+                     for m in (1, 2, 4, 8, 12, 16) for n, k in ((16, 64), (13, 64), (4, 8), (29, 64))}
+    t["limits"] = {"kda_two_branch_max": 8}
+    ex = tuned_executor(compile_plan(load_plan(KDA, dict(SMALL))), w, t, device="cpu")
+    gemms = [s for s in ex._steps if s.kind == "gemm"]
+    assert gemms and all(ex.backends[s.id] == "tuned:torch" for s in gemms)
+    assert ex.tuned["kda_two_branch_max"] == 8
+    got = ex(x=x)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    assert apply_tuning(ex, t) == len(gemms)   # idempotent
+    assert torch.equal(ex(x=x)["g1"], want["g1"])
+    # M above every tuned M uses the original runner; no backends -> nothing rewired
+    t2 = dict(t, backends={"gemm:bf16:M=1,N=16,K=64": {"backend": "torch", "config": None}})
+    ex2 = tuned_executor(compile_plan(load_plan(KDA, dict(SMALL))), w, t2, device="cpu")
+    assert torch.equal(ex2(x=x)["mixed_qkv"], want["mixed_qkv"])
+    assert apply_tuning(ex2, new_tuning()) == 0
+
+
+def test_forced_gate_picks_the_variant():
+    plan, cp, w = _small_exec()
+    ex = build_executor(cp, w, device="cpu")
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    ref = ex(x=x)
+    assert ex.last_variants["kda_projection.0"] == "packed"      # not capturing
+    ex._gates["kda_projection.0"] = ForcedGate("kda_projection.0", "two_branch", ["two_branch", "packed"])
+    got = ex(x=x)
+    assert ex.last_variants["kda_projection.0"] == "two_branch"
+    ok, errs = close_report(got, ref)
+    assert ok, errs
+
+
+# ------------------------------------------------------------------ CLI and report helpers
+
+def test_tune_and_bench_registered_and_need_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["tune", str(KDA)]) == 2
+    assert main(["bench", str(KDA), "--tokens", "1,2"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert main(["tune", str(PLANS / "missing.yaml")]) == 2
+
+
+def test_report_helpers(tmp_path):
+    assert parse_tokens("1,2,4..6", []) == [1, 2, 4, 5, 6]
+    assert parse_tokens(None, [8, 1]) == [8, 1]
+    rows = [{"tokens": 8, "a": 1.234, "ok": True}, {"tokens": 16, "a": None, "ok": False}]
+    cols = [("tokens", "tokens", ""), ("a", "a (us)", ".2f"), ("ok", "check", "")]
+    t = md_table(rows, cols)
+    assert "| 8 | 1.23 | True |" in t and "| 16 | - | False |" in t
+    write_report(tmp_path, "x", {"device": "cpu"}, rows, cols, "title")
+    assert json.loads((tmp_path / "x.json").read_text())["rows"][0]["tokens"] == 8
+    assert (tmp_path / "x.csv").read_text().splitlines()[0] == "tokens,a,ok"
+    assert (tmp_path / "x.md").read_text().startswith("# title")
