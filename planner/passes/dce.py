@@ -7,8 +7,6 @@ dead); select ops list only live variants.
 
 from __future__ import annotations
 
-import networkx as nx
-
 from ..graph import Compiled
 
 NAME = "dce"
@@ -52,8 +50,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     # unreachable ops: nothing downstream is a plan output
     outputs = {cp.tensors[o].producer for o in cp.plan.outputs if cp.tensors[o].producer}
     keep = set(outputs)
-    for o in outputs:
-        keep |= nx.ancestors(g, o)
+    stack = list(outputs)
+    while stack:  # one reverse walk from all outputs: linear in the graph
+        for u in g.predecessors(stack.pop()):
+            if u not in keep:
+                keep.add(u)
+                stack.append(u)
     unused = [v for v in g.nodes if v not in keep]
     if unused:
         notes.append(f"removed {len(unused)} op(s) whose results are never used: " + ", ".join(sorted(unused)[:5])
