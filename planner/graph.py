@@ -7,7 +7,7 @@ Nodes are op ids; node attributes:
   waits    event ids to wait on before the op (set by derive-events)
   records  event ids recorded after the op (set by derive-events)
   cost_us  estimated time (set by the cost model)
-  out_slot (packed tensor, dim, offset) when the op writes into a packed buffer
+  out_slot (packed tensor, dim, offset, size) when the op writes into a packed buffer
 Edges u -> v carry `tensors`: the names v reads from u.
 """
 
