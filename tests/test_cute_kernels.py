@@ -182,3 +182,105 @@ def test_gpu_graph_side_stream(m):
     _check(q, x.float() @ wq.float().t(), "graph qkvg")
     _check(fab, x.float() @ wa.float().t(), "graph fab")
     _check(g1, fab[:, :128].float() @ wb.float().t(), "graph fb")
+
+
+# --------------------------------------------------------------------------------------
+# fused whole KDA step (kda_fused_step)
+# --------------------------------------------------------------------------------------
+NP, NQ, NFB, NFA = 6288, 6144, 1536, 128
+
+
+def test_fused_supports_and_configs():
+    for m in ALL_M:
+        cfg = ec.default_fused_config(m, NP, 7168, NFA)
+        assert cfg.kind == "fused"
+        assert ec.check_fused(cfg, m, NP, 7168, NQ, NFB, NFA) is None
+        assert ec.Config.from_dict(cfg.to_dict()) == cfg
+        assert ec.supports_fused(m, NP, 7168, NQ, NFB, NFA, "bfloat16", 7168, NP) is None
+    assert ec.supports_fused(17, NP, 7168, NQ, NFB, NFA, "bfloat16", 7168, NP) is not None
+    assert ec.supports_fused(4, NP, 7168, NQ + 4, NFB, NFA, "bfloat16", 7168, NP) is not None
+    assert ec.supports_fused(4, NP, 7168, NP - 64, NFB, NFA, "bfloat16", 7168, NP) is not None
+    assert ec.supports_fused(4, NP, 7168, NQ, NFB, NFA, "bfloat16", 7168, NP + 4) is not None
+    from executors.cute.config import fused_grid
+
+    t_all, t0, p, c = fused_grid(ec.default_fused_config(4, NP, 7168, NFA), NP, NQ, NFA, NFB)
+    assert (t_all, t0, p, c) == (786, 768, 16, 12)
+
+
+@pytest.mark.parametrize("m", [4, 16])
+def test_fused_ptx(m):
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    cfg = ec.default_fused_config(m, NP, 7168, NFA)
+    ptx = ec.compile_fused_for_arch(cfg, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+    assert ".target sm_90a" in ptx
+    assert re.findall(r"ld\.global\.nc[.\w:]*\.v4\.u32", ptx), "no 128-bit weight loads"
+    assert "ld.global.cg.v4.u32" in ptx, "f_a must be read through L2 with 128-bit loads"
+    waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
+    assert len(waits) == 2, "one PDL wait per branch (stream, consumer)"
+    assert ptx.find("ld.global.nc") < waits[0]
+    # producer publishes with fence + release add; consumer waits with an acquire load
+    assert "fence.acq_rel.gpu" in ptx and "red.release.gpu.global.add.u32" in ptx
+    assert "ld.acquire.gpu.global.u32" in ptx and "atom.relaxed.gpu.global.add.u32" in ptx
+    assert ptx.index("griddepcontrol.wait", waits[1]) < ptx.index("ld.acquire.gpu")
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    assert ".local" not in ptx
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", ALL_M)
+def test_gpu_fused_step(m):
+    import torch
+
+    torch.manual_seed(300 + m)
+    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
+    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    big = torch.full((m, NP + 24), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[:, 16:16 + NP]
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):  # repeated launches: the counter must reset itself
+        out.fill_(float("nan"))
+        g1.fill_(float("nan"))
+        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ)
+        torch.cuda.synchronize()
+        ref = x.float() @ wp.float().t()
+        _check(out, ref, f"fused out M={m}")
+        _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused g1 M={m}")
+    assert torch.isnan(big[:, :16].float()).all() and torch.isnan(big[:, 16 + NP:].float()).all()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
+def test_gpu_fused_graph_side_stream(m):
+    import torch
+
+    torch.manual_seed(900 + m)
+    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
+    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
+             torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ec.kda_fused_step(x, wp, wb, *outs[0], fa_col=NQ)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for o, g in outs:
+            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ)
+    for _ in range(3):
+        for o, g in outs:
+            o.fill_(float("nan"))
+            g.fill_(float("nan"))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = x.float() @ wp.float().t()
+        for o, g in outs:
+            _check(o, ref, "graph fused out")
+            _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "graph fused g1")

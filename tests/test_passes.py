@@ -263,3 +263,18 @@ ops:
     cp2.schedule = list(reversed(cp2.schedule)) + ["nonexistent"]
     with pytest.raises(VerifyError):
         verify(cp2)
+
+
+def test_unprofitable_fusion_is_refused(tmp_path):
+    body = """
+outputs: [a, b]
+ops:
+  - a: all_gather(x, tp)
+  - b: all_gather(y, tp)
+"""
+    # with (almost) free collective launches, packing only adds the cat copy of two plan inputs
+    cfg = CompileConfig(profile=DeviceProfile(coll_latency_us=0.1), verify_each=True)
+    f = fusion(compiled(tmp_path, body, H, cfg=cfg))
+    assert f["after"] == 2 and "unprofitable" in f["not_fused"][-1]["reason"]
+    f = fusion(compiled(tmp_path, body, H))
+    assert f["after"] == 1 and f["buckets"][0]["estimate"]["packed_us"] < f["buckets"][0]["estimate"]["separate_us"]

@@ -145,12 +145,61 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if not buckets:
         return cp, False
 
+    # profitability: one packed collective (plus copies of members that cannot be written in
+    # place) must beat the separate collectives at the representative size
+    binding = rep_bindings(cp, (), tuned)
+    kept = []
+    for members in buckets:
+        sep, fused = _estimate(cp, cfg, model, members, binding)
+        if fused >= sep:
+            report["not_fused"].append({"ops": members[:2], "reason": (
+                f"unprofitable: packed {fused:.1f} us vs {sep:.1f} us separate at "
+                + ", ".join(f"{k}={v}" for k, v in binding.items()))})
+        else:
+            kept.append((members, sep, fused))
+    if not kept:
+        return cp, False
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, probes)
-    for n, members in enumerate(sorted(buckets, key=lambda b: pos[b[0]])):
-        report["buckets"].append(_rewrite(cp, cfg, members, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx))
+    for n, (members, sep, fused) in enumerate(sorted(kept, key=lambda b: pos[b[0][0]])):
+        b = _rewrite(cp, cfg, members, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx)
+        b["estimate"] = {"separate_us": round(sep, 2), "packed_us": round(fused, 2),
+                         "at": dict(binding)}
+        report["buckets"].append(b)
+    buckets = [m for m, _, _ in kept]
     report["after"] = report["before"] - sum(len(b) - 1 for b in buckets)
     rebuild_edges(cp)
     return cp, True
+
+
+def _can_write_in_place(cp: Compiled, cfg, x: str, ctx) -> bool:
+    t = cp.tensors[x]
+    if cfg.packing == "cat" or t.producer is None or t.alias_of:
+        return False
+    d = cp.graph.nodes[t.producer]
+    return d["op"].op in INPLACE_WRITERS and len(d["op"].out) == 1 and d["ctx"] == ctx
+
+
+def _estimate(cp: Compiled, cfg, model, members, binding) -> tuple[float, float]:
+    """(separate, packed) estimated us for a bucket."""
+    from ..shapes import nbytes_at
+    g = cp.graph
+    ops = [g.nodes[m]["op"] for m in members]
+    sep = sum(model.op_us(o, cp.tensors, binding) for o in ops)
+    ctx = g.nodes[members[0]]["ctx"]
+    # the packed collective moves the sum of the members' bytes in one launch
+    p = model.p
+    w = cp.plan.groups.get(ops[0].group, 1)
+    moved_in = sum(nbytes_at(cp.tensors[o.x], binding) for o in ops)
+    if ops[0].op == "all_gather":
+        received = moved_in * (w - 1)
+    elif ops[0].op == "reduce_scatter":
+        received = moved_in * (w - 1) / w
+    else:
+        received = 2 * moved_in * (w - 1) / w
+    coll = p.coll_latency_us + received / (p.coll_gbps * 1e3) if w > 1 else p.kernel_us
+    copied = sum(nbytes_at(cp.tensors[o.x], binding) for o in ops if not _can_write_in_place(cp, cfg, o.x, ctx))
+    pack = p.kernel_us + 2 * copied / (p.hbm_gbps * 1e3) if copied else 0.0
+    return sep, coll + pack
 
 
 def _max_bytes(cp: Compiled, name: str) -> int:
