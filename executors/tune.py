@@ -318,6 +318,18 @@ def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, ns
     """fns: {name: f(i)} where step i uses weight set i % nsets. One graph of `iters` steps per
     name, captured on a side stream after warm-ups; replays alternate order; median us/step."""
     import torch
+    if not torch.cuda.is_available():  # CPU dry run: eager wall clock, same interface
+        res = {}
+        for name, f in fns.items():
+            f(0)
+            ts = []
+            for _ in range(trials):
+                t0 = time.perf_counter()
+                for i in range(iters):
+                    f(i)
+                ts.append((time.perf_counter() - t0) / iters * 1e6)
+            res[name] = statistics.median(ts)
+        return res
     graphs = {}
     for name, f in fns.items():
         s = torch.cuda.Stream()
@@ -356,10 +368,9 @@ def _rel_err(out, ref) -> float:
     return float((o - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def time_gemm(m: int, n: int, k: int, cands: list, iters=20, trials=5, nsets=4, log=None) -> dict:
+def time_gemm(m: int, n: int, k: int, cands: list, iters=20, trials=5, nsets=4, log=None, dev="cuda") -> dict:
     """{label: us} for each candidate that computes the right result (others: {label: None})."""
     import torch
-    dev = "cuda"
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k ** 0.5 for _ in range(nsets)]
     outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in range(nsets)]
@@ -371,7 +382,8 @@ def time_gemm(m: int, n: int, k: int, cands: list, iters=20, trials=5, nsets=4, 
             r = gemm_runner(backend, cfg)
             outs[0].fill_(float("nan"))
             got = r(x, ws[0], outs[0])
-            torch.cuda.synchronize()
+            if dev != "cpu":
+                torch.cuda.synchronize()
             err = _rel_err(got, ref)
             if not err < 1e-2:
                 raise AssertionError(f"rel err {err:.2e}")
@@ -416,7 +428,7 @@ def plan_gemms(cp, dim: str, buckets: list) -> dict:
 
 
 def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: list, iters=20, trials=5,
-                  nsets=4, log=_log) -> dict:
+                  nsets=4, log=_log, dev="cuda") -> dict:
     """{region: {bucket: {variant: us}}}: each region forced to each of its variants (all regions
     to the same variant name where they have it), graph replay, `nsets` executors with their own
     weights rotated, with the tuned backends."""
@@ -433,12 +445,12 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
     for s in range(nsets):
         p = plan_factory()
         cp = cp_factory(p)
-        _, w = make_data(p, {d: plan.dims[d].hi for d in plan.dims}, seed=100 + s, rank=0, device="cuda")
-        exs.append(tuned_executor(cp, w, tuning, device="cuda", externs=default_externs(p)))
+        _, w = make_data(p, {d: plan.dims[d].hi for d in plan.dims}, seed=100 + s, rank=0, device=dev)
+        exs.append(tuned_executor(cp, w, tuning, device=dev, externs=default_externs(p)))
     out: dict = {r: {} for r in regions}
     for b in buckets:
         bind = {**{d: plan.dims[d].hi for d in plan.dims}, dim: b}
-        ins, _ = make_data(plan, bind, seed=7 + b, rank=0, device="cuda")
+        ins, _ = make_data(plan, bind, seed=7 + b, rank=0, device=dev)
         fns = {}
         for name in names:
             def f(i, name=name, bind=bind, ins=ins):
@@ -459,18 +471,21 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
             out[rid][str(b)] = {n: round(us, 3) for n, us in t.items() if n in vn}
         log(f"[tune] variants {dim}={b}: " + ", ".join(f"{n} {us:.2f} us" for n, us in t.items()))
     exs = None
-    torch.cuda.empty_cache()
+    if dev != "cpu":
+        torch.cuda.empty_cache()
     return out
 
 
 def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_tokens", buckets=None,
               max_configs: int = 24, iters: int = 20, trials: int = 5, nsets: int = 4,
-              variants: bool = True, min_gain: float = 0.0, flashinfer: bool = True, log=_log) -> dict:
+              variants: bool = True, min_gain: float = 0.0, flashinfer: bool = True, budget_s: float | None = None,
+              log=_log, device: str = "cuda") -> dict:
+    """Tune a plan (see the module doc). device="cpu" is a dry run: eager timing, torch only."""
     import torch
 
     from planner.loader import load_plan
     from planner.pipeline import compile_plan
-    if not torch.cuda.is_available():
+    if device != "cpu" and not torch.cuda.is_available():
         raise RuntimeError("planner tune needs a CUDA GPU (it times kernels)")
     load = lambda: load_plan(path, dict(overrides or {}))  # noqa: E731
     plan = load()
@@ -479,7 +494,7 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
     bks = sorted(buckets or plan.dims[dim].buckets)
     cp = compile_plan(load())
     sigs = plan_gemms(cp, dim, bks)
-    res = new_tuning(torch.cuda.get_device_name(), torch.__version__)
+    res = new_tuning(torch.cuda.get_device_name() if device != "cpu" else "cpu (dry run)", torch.__version__)
     res["candidates"] = {}
     t0 = time.time()
     log(f"[tune] plan {plan.name}: {len(sigs)} gemm signature(s) over {dim} buckets {bks}")
@@ -487,8 +502,12 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
         if dtype != "bf16":
             log(f"[tune] ({i + 1}/{len(sigs)}) {sig}: {dtype} not tuned (bf16 only)")
             continue
-        cands = gemm_candidates(m, n, k, max_configs=max_configs, flashinfer=flashinfer)
-        times = time_gemm(m, n, k, cands, iters=iters, trials=trials, nsets=nsets, log=log)
+        over = budget_s is not None and time.time() - t0 > budget_s
+        cands = [("torch", None)] if device == "cpu" else gemm_candidates(
+            m, n, k, max_configs=1 if over else max_configs, flashinfer=flashinfer)
+        if over:
+            log(f"[tune] time budget {budget_s:.0f}s spent: {sig} gets torch + the default config only")
+        times = time_gemm(m, n, k, cands, iters=iters, trials=trials, nsets=nsets, log=log, dev=device)
         ok = {lab: us for lab, us in times.items() if us is not None}
         best = min(ok, key=ok.get)
         be, cfg = next((b, c) for b, c in cands if cand_label(b, c) == best)
@@ -499,7 +518,7 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
             f" (torch {ok.get('torch', float('nan')):.2f} us) [{time.time() - t0:.0f}s]")
     if variants and plan.regions:
         res["variants"] = time_variants(lambda p: compile_plan(p), load, res, dim, bks, iters=iters,
-                                        trials=trials, nsets=nsets, log=log)
+                                        trials=trials, nsets=nsets, log=log, dev=device)
         for name, (rid, v, fb) in limit_gates(plan).items():
             res["limits"][name] = derive_limit(res["variants"].get(rid, {}), v, fb, min_gain)
             log(f"[tune] limit {name} = {res['limits'][name]} ({v} vs {fb} in {rid})")

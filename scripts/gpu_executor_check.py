@@ -41,6 +41,8 @@ KDA = ROOT / "plans" / "k3_kda_projection.yaml"
 SP = ROOT / "plans" / "k3_sp_tail.yaml"
 OUT = os.environ.get("OUT")
 TUNING = {"kda_two_branch_max": 14}  # vLLM's tuned limit: two branches for M <= 14 under capture
+if "--tuning" in sys.argv:  # a `planner tune` file: its limits replace vLLM's
+    TUNING = json.loads(Path(sys.argv[sys.argv.index("--tuning") + 1]).read_text()).get("limits") or TUNING
 
 
 def _close(a: dict, b: dict, exact=False) -> tuple[bool, float]:
@@ -136,12 +138,14 @@ def overlap_section(ex) -> dict:
     aux = [(r["start_us"], r["end_us"]) for r in recs if r["stream"] != "main" and r["kind"] == "gemm"]
     ev = {"records": recs, "aux_us": sum(b - a for a, b in aux), "overlap_us": _overlap(aux, main)}
     if OUT:
-        try:
-            from planner.viz.timeline import render_timeline
-            ev["timeline"] = str(render_timeline(recs, Path(OUT) / "kda_two_branch_timeline.svg",
-                                                 "KDA two-branch, eager, CUDA events"))
-        except ImportError:
-            pass
+        ev["timeline"] = []
+        for ext in ("svg", "png"):
+            try:
+                from planner.viz.timeline import render_timeline
+                ev["timeline"].append(str(render_timeline(recs, Path(OUT) / f"kda_two_branch_timeline.{ext}",
+                                                          "KDA two-branch (M=8), eager, CUDA events per op")))
+            except Exception as exc:  # noqa: BLE001 - a picture is a bonus, never a failure
+                ev["timeline"].append(f"{ext}: {type(exc).__name__}: {exc}")
     # (b) the captured graph's replay under torch.profiler: kernels per CUDA stream
     sx = x.clone()
     g, _ = _capture(lambda: ex(x=sx))

@@ -215,3 +215,21 @@ def test_report_helpers(tmp_path):
     assert json.loads((tmp_path / "x.json").read_text())["rows"][0]["tokens"] == 8
     assert (tmp_path / "x.csv").read_text().splitlines()[0] == "tokens,a,ok"
     assert (tmp_path / "x.md").read_text().startswith("# title")
+
+
+def test_tune_plan_dry_run_on_cpu(tmp_path):
+    """The whole tuner on CPU (eager timing, torch only): signatures, variants, limits, file."""
+    from executors.tune import tune_plan
+    lines = []
+    res = tune_plan(str(KDA), dict(SMALL), buckets=[1, 2, 4], iters=2, trials=1, nsets=2, device="cpu",
+                    log=lines.append)
+    assert len(res["backends"]) == 12 and all(e["backend"] == "torch" for e in res["backends"].values())
+    assert set(res["measured"]) == set(res["backends"])
+    v = res["variants"]["kda_projection.0"]
+    assert sorted(v, key=int) == ["1", "2", "4"] and all(set(x) == {"two_branch", "packed"} for x in v.values())
+    assert res["limits"]["kda_two_branch_max"] == derive_limit(v, "two_branch", "packed")
+    assert sum(ln.startswith("[tune] (") for ln in lines) == 12       # a progress line per op/bucket
+    assert any(ln.startswith("[tune] variants") for ln in lines)
+    back = load_tuning(save_tuning(res, tmp_path / "t.json"))
+    ex = tuned_executor(compile_plan(load_plan(KDA, dict(SMALL))), _small_exec()[2], back, device="cpu")
+    assert ex.tuned["kda_two_branch_max"] == res["limits"]["kda_two_branch_max"]
