@@ -252,7 +252,7 @@ def _plan_bytes(plan, bind: dict, world: int) -> tuple[int, int]:
     return wb, rb
 
 
-def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nsets, link):
+def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nsets, link, cpu=False):
     import torch
 
     from planner.loader import load_plan
@@ -261,13 +261,14 @@ def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nse
     from .check import _exactness, make_data, reference_compiled
     from .externs import default_externs
     from .tune import tuned_executor
-    dev = f"cuda:{rank}"
-    torch.cuda.set_device(dev)
+    dev = "cpu" if cpu else f"cuda:{rank}"
+    if not cpu:
+        torch.cuda.set_device(dev)
     dist = world > 1
     load = lambda: load_plan(path, dict(overrides))  # noqa: E731
     plan = load()
     dim = "num_tokens" if "num_tokens" in plan.dims else next(iter(plan.dims))
-    bw = hbm_bandwidth(1 << 30)
+    bw = {"sum_read_TBps": 1.0} if cpu else hbm_bandwidth(1 << 30)
     hi = {d: plan.dims[d].hi for d in plan.dims}
     exs, refs = [], []
     for s in range(nsets):
@@ -286,48 +287,82 @@ def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nse
         want = refs[0](dims=dict(bind), **ins)
         got = exs[0](dims=dict(bind), **ins)
         ok_e, err_e = close_report(got, want, exact)
-        # captured (caller's capture), outputs poisoned before the replay
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            exs[0](dims=dict(bind), **ins)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            static = exs[0](dims=dict(bind), **ins)
-        for v in static.values():
-            if v.is_floating_point():
-                v.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        ok_g, err_g = close_report(static, want, exact)
-        del g, static
+        ok_g, err_g = (True, "cpu: no graph") if cpu else _graph_check(exs[0], bind, ins, want, exact)
         fns = {"reference": lambda i, b=bind, ins=ins: refs[i % nsets](dims=dict(b), **ins),
                "compiled": lambda i, b=bind, ins=ins: exs[i % nsets](dims=dict(b), **ins)}
-        tm = time_graphs_dist(fns, iters, trials, nsets=nsets) if dist else time_graphs(fns, iters, trials, nsets=nsets)
+        if dist and cpu:
+            tm = _eager_dist(fns, iters, trials)
+        else:
+            tm = time_graphs_dist(fns, iters, trials, nsets=nsets) if dist else time_graphs(fns, iters, trials, nsets=nsets)
         wb, rb = _plan_bytes(plan, bind, world)
-        floor = wb / (bw["sum_read_TBps"] * 1e6) + (rb / (link * 1e3) if rb and link else 0.0)
+        floor = None if cpu else wb / (bw["sum_read_TBps"] * 1e6) + (rb / (link * 1e3) if rb and link else 0.0)
         row = {"tokens": t, "reference_us": round(tm["reference"], 2), "compiled_us": round(tm["compiled"], 2),
-               "floor_us": round(floor, 2), "speedup": round(tm["reference"] / tm["compiled"], 3),
+               "floor_us": None if floor is None else round(floor, 2), "speedup": round(tm["reference"] / tm["compiled"], 3),
                "over_floor": round(tm["compiled"] / floor, 3) if floor else None,
                "ok": ok_e and ok_g, "variants": dict(exs[0].last_variants), "err": {"eager": err_e, "graph": err_g}}
         rows.append(row)
         if rank == 0:
             log(f"[bench] {dim}={t}: reference {row['reference_us']:.2f} us, compiled {row['compiled_us']:.2f} us"
-                f" ({row['speedup']:.2f}x), floor {row['floor_us']:.2f} us, check {'ok' if row['ok'] else 'FAILED'}")
+                f" ({row['speedup']:.2f}x), floor {row['floor_us']} us, check {'ok' if row['ok'] else 'FAILED'}")
     return {"rank": rank, "rows": rows, "hbm": bw, "backends": dict(exs[0].backends)}
 
 
+def _graph_check(ex, bind, ins, want, exact):
+    """The executor captured in a caller's graph, static outputs poisoned before the replay."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ex(dims=dict(bind), **ins)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        static = ex(dims=dict(bind), **ins)
+    for v in static.values():
+        if v.is_floating_point():
+            v.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return close_report(static, want, exact)
+
+
+def _eager_dist(fns, iters, trials):
+    import time
+
+    import torch
+    import torch.distributed as dist
+    res = []
+    for f in fns.values():
+        f(0)
+        ts = []
+        for _ in range(trials):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(iters):
+                f(i)
+            ts.append((time.perf_counter() - t0) / iters * 1e6)
+        res.append(statistics.median(ts))
+    t = torch.tensor(res, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(list(fns), t.tolist(), strict=True))
+
+
 def bench_plan(path: str, overrides: dict | None, tokens: list, tuning=None, world: int = 1, iters=20,
-               trials=5, nsets=4) -> dict:
+               trials=5, nsets=4, device: str = "cuda") -> dict:
+    """device="cpu": a dry run (gloo ranks, eager timing, no graphs, no floor)."""
     import torch
 
     from .tune import load_tuning
-    if not torch.cuda.is_available():
+    cpu = device == "cpu"
+    if not cpu and not torch.cuda.is_available():
         raise RuntimeError("planner bench needs a CUDA GPU")
     tdata = load_tuning(tuning) if tuning else None
     link = None
-    if world > 1:
+    if world > 1 and cpu:
+        from .dist import run_ranks
+        res = run_ranks(_bench_body, world, path, dict(overrides or {}), tokens, tdata, iters, trials, min(nsets, 2),
+                        None, True, backend="gloo", timeout_s=300)
+    elif world > 1:
         if torch.cuda.device_count() < world:
             raise RuntimeError(f"--world-size {world} needs {world} GPUs, found {torch.cuda.device_count()}")
         link = peer_bandwidth(0, 1)["GBps"]
@@ -336,7 +371,7 @@ def bench_plan(path: str, overrides: dict | None, tokens: list, tuning=None, wor
         res = run_ranks(_bench_body, world, path, dict(overrides or {}), tokens, tdata, iters, trials, min(nsets, 2),
                         link, backend="nccl", timeout_s=580, coll_timeout_s=120)
     else:
-        res = [_bench_body(0, 1, path, dict(overrides or {}), tokens, tdata, iters, trials, nsets, None)]
+        res = [_bench_body(0, 1, path, dict(overrides or {}), tokens, tdata, iters, trials, nsets, None, cpu)]
     rows = res[0]["rows"]
     for r in rows:
         r["ok"] = all(x["rows"][rows.index(r)]["ok"] for x in res)

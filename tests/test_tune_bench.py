@@ -233,3 +233,14 @@ def test_tune_plan_dry_run_on_cpu(tmp_path):
     back = load_tuning(save_tuning(res, tmp_path / "t.json"))
     ex = tuned_executor(compile_plan(load_plan(KDA, dict(SMALL))), _small_exec()[2], back, device="cpu")
     assert ex.tuned["kda_two_branch_max"] == res["limits"]["kda_two_branch_max"]
+
+
+@pytest.mark.parametrize("plan, ov, world", [
+    (KDA, SMALL, 1),
+    (PLANS / "k3_sp_tail.yaml", {"tp_size": 2, "hidden": 32}, 2),
+])
+def test_bench_plan_dry_run_on_cpu(plan, ov, world):
+    from executors.bench import bench_plan
+    res = bench_plan(str(plan), dict(ov), [1, 5], world=world, iters=2, trials=1, nsets=2, device="cpu")
+    assert [r["tokens"] for r in res["rows"]] == [1, 5]
+    assert all(r["ok"] and r["compiled_us"] > 0 and r["reference_us"] > 0 for r in res["rows"])
