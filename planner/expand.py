@@ -21,9 +21,9 @@ __all__ = ["RawOp", "RegionRaw", "Expander"]
 RESERVED = {"for", "ops", "op", "region", "variants", "outputs", "when", "name"}
 MAX_OPS = 2_000_000
 
-T, TL, S, I, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
+T, TL, S, INT, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
 FIELD_KINDS = {
-    "x": T, "a": T, "b": T, "xs": TL, "args": TL, "group": S, "dim": I, "reduce": S,
+    "x": T, "a": T, "b": T, "xs": TL, "args": TL, "group": S, "dim": INT, "reduce": S,
     "out_dtype": S, "backend": S, "dtype": S, "fn": S, "sizes": DL, "start": D, "stop": D,
     "multiple": D, "shape": DL, "cost_us": F, "stream": S, "id": S, "doc": STR,
 }
@@ -333,7 +333,7 @@ class Expander:
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 raise PlanError.at(loc, "schema", "expected a list of tensor names")
             return [scope.resolve(self.interp(x, env, loc)) for x in v]
-        if fk == I and isinstance(v, str):
+        if fk == INT and isinstance(v, str):
             return self.int_value(v, env, loc)
         if fk == DL and isinstance(v, list):
             return [self.interp(x, env, loc) if isinstance(x, str) else x for x in v]
@@ -476,7 +476,7 @@ class Expander:
             if not isinstance(v, Str):
                 raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a quoted string")
             return v.value
-        if fk == I:
+        if fk == INT:
             try:
                 r = evaluate(v, env)
             except ExprError as e:

@@ -62,7 +62,7 @@ class Unary(Expr):
 @dataclass(frozen=True)
 class Bin(Expr):
     op: str  # + - * / // % == != < <= > >= and or
-    l: Expr
+    l: Expr  # noqa: E741 - left operand
     r: Expr
 
 

@@ -85,7 +85,7 @@ def topo_order(ops, known: set, locs: dict, field_locs: dict):
     indeg = {o.id: 0 for o in ops}
     users: dict[str, list] = {o.id: [] for o in ops}
     for o in ops:
-        for i, n in enumerate(o.inputs()):
+        for n in o.inputs():
             if n in producer:
                 p = producer[n]
                 if p.id == o.id:

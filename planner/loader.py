@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from .document import load_tree, pydantic_error
+from .document import load_tree
 from .errors import Diagnostic, Loc, PlanError, did_you_mean
 from .expand import Expander
 from .expr import ExprError, evaluate, fold, free_names, parse, unparse

@@ -7,7 +7,7 @@ InferCtx (see loader.py), which turns failures into located PlanErrors.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,7 +16,7 @@ from .shapes import DTYPES, TensorSpec, fmt_dim, fmt_shape
 
 __all__ = ["OpBase", "Op", "OP_KINDS", "COLLECTIVES", "VIEW_OPS"]
 
-DimExpr = Union[int, str]
+DimExpr = int | str
 Backend = Literal["auto", "torch", "cute", "flashinfer"]
 
 
@@ -393,7 +393,7 @@ class Select(OpBase):
 
 
 Op = Annotated[
-    Union[AllGather, ReduceScatter, AllReduce, Gemm, Add, Extern, Split, Cat, Slice, Pad, Shard, Copy, View, Select],
+    AllGather | ReduceScatter | AllReduce | Gemm | Add | Extern | Split | Cat | Slice | Pad | Shard | Copy | View | Select,
     Field(discriminator="op"),
 ]
 OP_MODELS = {m.model_fields["op"].annotation.__args__[0]: m for m in

@@ -226,7 +226,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         for rid, vs in cp.variants.items():
             sig = _norm(rid + "|" + "|".join(f"{v.name}:{v.when_text}" for v in vs))
             seen.setdefault(sig, []).append(rid)
-        for sig, rids in seen.items():
+        for rids in seen.values():
             rid = rids[0]
             label = rid if len(rids) == 1 else f"{rid} (+{len(rids) - 1} alike)"
             L.append(f"  region {label}:")

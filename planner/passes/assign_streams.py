@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..analysis import op_costs, rep_bindings
+from ..analysis import rep_bindings
 from ..cost import CostModel
 from ..graph import Compiled
 from ..ops import COLLECTIVES, VIEW_OPS

@@ -40,7 +40,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         for v, d in list(g.nodes(data=True)):
             if any(c in dead_variants for c in d["ctx"]):
                 removed.add(v)
-        for v, d in g.nodes(data=True):
+        for d in g.nodes.values():
             op = d["op"]
             if op.op == "select" and any((op.region, n) in dead_variants for n in op.variants):
                 keep = [i for i, n in enumerate(op.variants) if (op.region, n) not in dead_variants]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..graph import Compiled, compatible
+from ..graph import Compiled
 from ..ops import VIEW_OPS
 
 SCHEDULE = "schedule"
@@ -120,7 +120,7 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                 continue
             if t not in need or need[t][0] < pos[u]:
                 need[t] = (pos[u], u)
-        for t, (_, u) in sorted(need.items()):
+        for _t, (_, u) in sorted(need.items()):
             n_waits += 1
             d["waits"].append(record(u))
             if _implied(g.nodes[u]["ctx"], ctx):
