@@ -7,9 +7,13 @@ Paths timed per M (CUDA-graph replay, 4 rotated weight sets, median of trials):
   (c) 2s_cute     same two-stream structure with executors.cute kernels
   (e) packed_cute x @ W_packed^T with the streaming kernel, then F_B on the in-place
                   f_a view (one stream, PDL chained)
+  (f) fused_cute  ONE kernel (executors.cute.kda_fused_step): packed streaming GEMM whose
+                  f_a blocks run first and publish through a self-resetting counter; the
+                  last blocks compute F_B from f_a inside the same grid
   (d) floor       weight bytes / read bandwidth measured in this run
 
-Usage: python scripts/bench_kda_kernels.py [--out DIR] [--quick] [--sanitize]
+Usage: python scripts/bench_kda_kernels.py [--out DIR] [--quick] [--sanitize] [--no-sweep]
+       [--fused-sweep] [--precompile]
 """
 
 from __future__ import annotations
@@ -77,7 +81,51 @@ def correctness(ms, graph=True):
             "packed": check(y, ref, f"packed M={m}"),
             "fb_packed": check(g1p, y[:, NQ:NQ + NFA].float() @ wfb.float().t(), f"fbp M={m}"),
         }
+        # (f) fused step: poisoned outputs, fp32 reference, out as a strided row view
+        yb = torch.full((m, NP + 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+        yf = yb[:, 8:8 + NP]
+        g1f = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ec.kda_fused_step(x, wp, wfb, yf, g1f, fa_col=NQ)
+        torch.cuda.synchronize()
+        res["fused_out"] = check(yf, ref, f"fused out M={m}")
+        res["fused_g1"] = check(g1f, yf[:, NQ:NQ + NFA].float() @ wfb.float().t(), f"fused g1 M={m}")
+        res["fused_g1_vs_fp32"] = check(g1f, ref[:, NQ:NQ + NFA] @ wfb.float().t(), f"fused g1/fp32 M={m}")
+        assert torch.isnan(yb[:, :8].float()).all() and torch.isnan(yb[:, 8 + NP:].float()).all()
+        # the single fused kernel forced (the default dispatch uses two launches for M > 8)
+        yf.fill_(float("nan"))
+        g1f.fill_(float("nan"))
+        ec.kda_fused_step(x, wp, wfb, yf, g1f, fa_col=NQ,
+                          config=ec.default_fused_config(m, NP, H, NFA))
+        torch.cuda.synchronize()
+        res["fused_kernel_out"] = check(yf, ref, f"fused kernel out M={m}")
+        res["fused_kernel_g1"] = check(g1f, ref[:, NQ:NQ + NFA] @ wfb.float().t(),
+                                       f"fused kernel g1 M={m}")
         if graph:
+            # fused: captured twice in one graph on a side stream (self-reset within a
+            # replay), replayed three times with fresh x and poisoned outputs
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            y2 = torch.empty_like(y)
+            g12 = torch.empty_like(g1)
+            with torch.cuda.stream(side):
+                ec.kda_fused_step(x, wp, wfb, y2, g12, fa_col=NQ)
+            torch.cuda.synchronize()
+            gf = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gf, stream=side):
+                ec.kda_fused_step(x, wp, wfb, yf, g1f, fa_col=NQ)
+                ec.kda_fused_step(x, wp, wfb, y2, g12, fa_col=NQ)
+            for rep in range(3):
+                for t in (yf, g1f, y2, g12):
+                    t.fill_(float("nan"))
+                x.copy_(torch.randn_like(x))
+                gf.replay()
+                torch.cuda.synchronize()
+                ref = x.float() @ wp.float().t()
+                rg = ref[:, NQ:NQ + NFA] @ wfb.float().t()
+                res["graph_fused_out"] = check(yf, ref, f"graph fused out M={m} rep {rep}")
+                res["graph_fused_g1"] = check(g1f, rg, f"graph fused g1 M={m} rep {rep}")
+                res["graph_fused_out2"] = check(y2, ref, f"graph fused out2 M={m} rep {rep}")
+                res["graph_fused_g1_2"] = check(g12, rg, f"graph fused g1(2) M={m} rep {rep}")
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             g = torch.cuda.CUDAGraph()
@@ -236,6 +284,15 @@ class Problem:
 
         return run
 
+    # (f)
+    def make_fused(self, cf=None):
+        def run(i):
+            j = i % NSETS
+            ec.kda_fused_step(self.x, self.wp[j], self.wfb[j], self.y[j], self.g1[j], fa_col=NQ,
+                              config=cf)
+
+        return run
+
     def single(self, which, cfg=None, use_torch=False):
         def run(i):
             j = i % NSETS
@@ -340,15 +397,42 @@ def needed_configs():
     return sorted(need, key=lambda t: (t[0].key(), t[1], t[2]))
 
 
-def precompile(arch="sm_90a"):
+def fused_candidates(m):
+    mt = 8 if m <= 8 else 16
+    out = []
+    combos = ((2, 8, 4), (2, 8, 7), (4, 8, 2), (2, 16, 2), (1, 16, 2), (2, 4, 8), (1, 8, 4),
+              (4, 4, 4)) if m <= 8 else ((2, 8, 4), (1, 8, 4), (2, 16, 2))
+    for t, wk, u in combos:
+        fb = max(1, 16 // wk)
+        c = Config("fused", m_tile=mt, tiles=t, warps_k=wk, unroll=u, fb_tiles=fb)
+        if ec.check_fused(c, m, NP, H, NQ, NFB, NFA) is None:
+            out.append(c)
+    return out
+
+
+def needed_fused():
+    need = {ec.default_fused_config(m, NP, H, NFA) for m in range(1, 17)}
+    for m in (8, 16):
+        need.update(fused_candidates(m))
+    return sorted(need, key=lambda c: c.key())
+
+
+def precompile(arch="sm_90a", sweep=True):
     """Compile everything into the disk cache without a GPU (carry it to the GPU machine)."""
-    need = needed_configs()
+    need = needed_configs() if sweep else sorted(
+        {(ec.default_config(m, n, k), n, k) for m in range(1, 17)
+         for n, k in (shape_of(w) for w in ("qkvg", "packed", "fab", "fb"))}
+        | {(ec.default_config(8, NQ, H), 8 * NQ, H)}, key=lambda t: (t[0].key(), t[1], t[2]))
     t0 = time.time()
     for i, (c, n, k) in enumerate(need):
         ec.get_kernel(c, n, k, arch=arch)
         if i % 20 == 0:
             log(f"precompiled {i + 1}/{len(need)} [{time.time() - t0:.0f}s]")
-    log(f"precompiled {len(need)} kernels into {ec.cache_dir()} in {time.time() - t0:.0f}s")
+    fused = needed_fused()
+    for c in fused:
+        ec.get_fused_kernel(c, NP, H, NQ, NFB, NFA, arch=arch)
+    log(f"precompiled {len(need)} + {len(fused)} fused kernels into {ec.cache_dir()} "
+        f"in {time.time() - t0:.0f}s")
 
 
 def main():
@@ -358,9 +442,10 @@ def main():
     ap.add_argument("--sanitize", action="store_true", help="small correctness run only")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--precompile", action="store_true", help="fill the disk cache, no GPU")
+    ap.add_argument("--fused-sweep", action="store_true", help="time fused configs at M=8, 16")
     args = ap.parse_args()
     if args.precompile:
-        precompile()
+        precompile(sweep=not args.no_sweep)
         return
     assert ec.available(), "needs a cc>=9.0 GPU and cutlass"
     torch.manual_seed(0)
@@ -407,6 +492,23 @@ def main():
             log(f"sweep {which:6s} M={m:2d}: " + "  ".join(f"{k} {v:.2f}" for k, v in top)
                 + f"  | torch {t['torch']:.2f}  [{time.time() - t0:.0f}s]")
     report["sweep"] = sweep_log
+    fused_best = {}
+    if args.fused_sweep:
+        for m in (8, 16):
+            p = Problem(m)
+            cands = fused_candidates(m)
+            fns = {c.key(): p.make_fused(c) for c in cands}
+            fns["e_packed_default"] = p.make_packed_cute(ec.default_config(m, NP, H),
+                                                         ec.default_config(m, NFB, NFA))
+            t = time_graph(fns, iters=20, trials=5)
+            b = min(cands, key=lambda c: t[c.key()])
+            fused_best[8 if m <= 8 else 16] = b
+            sweep_log[f"fused_M{m}"] = {"best": b.key(), "best_cfg": b.to_dict(),
+                                        "us": {k: round(v, 2) for k, v in t.items()}}
+            log(f"fused sweep M={m}: " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(t.items(), key=lambda kv: kv[1]))
+                + f"  [{time.time() - t0:.0f}s]")
+            del p
+            torch.cuda.empty_cache()
 
     def pick(which, m):
         if which == "fab":
@@ -427,11 +529,16 @@ def main():
     for m in ms:
         p = Problem(m)
         cq, cab, cb, cp = pick("qkvg", m), pick("fab", m), pick("fb", m), pick("packed", m)
+        # (f) = kda_fused_step as shipped (one fused kernel for M <= FUSED_MAX_M, the
+        # two-launch path above), with the fused sweep's pick forced for M <= 8
+        cf = fused_best.get(8) if m <= ec.FUSED_MAX_M else None
         fns = {
             "a_seq_torch": p.seq_torch,
             "b_2s_torch": p.two_torch,
             "c_2s_cute": p.make_two_cute(cq, cab, cb),
             "e_packed_cute": p.make_packed_cute(cp, cb),
+            "f_fused_cute": p.make_fused(cf),
+            "packed_cute_alone": p.single("packed", cp),
             "qkvg_cute": p.single("qkvg", cq),
             "qkvg_torch": p.single("qkvg", use_torch=True),
             "fab_cute": p.single("fab", cab),
@@ -440,16 +547,22 @@ def main():
             "fb_torch": p.single("fb", use_torch=True),
         }
         t = time_graph(fns, iters=20, trials=7)
-        best_cute = min(t["c_2s_cute"], t["e_packed_cute"])
+        best_cute = min(t["c_2s_cute"], t["e_packed_cute"], t["f_fused_cute"])
         row = {"M": m, **{k: round(v, 2) for k, v in t.items()},
                "best_cute": round(best_cute, 2), "floor": round(floor_us, 2),
                "best_over_floor": round(best_cute / floor_us, 3),
                "speedup_vs_a": round(t["a_seq_torch"] / best_cute, 3),
                "speedup_vs_b": round(t["b_2s_torch"] / best_cute, 3),
-               "configs": {"qkvg": cq.key(), "fab": cab.key(), "fb": cb.key(), "packed": cp.key()}}
+               "f_over_floor": round(t["f_fused_cute"] / floor_us, 3),
+               "f_vs_a": round(t["a_seq_torch"] / t["f_fused_cute"], 3),
+               "f_vs_b": round(t["b_2s_torch"] / t["f_fused_cute"], 3),
+               "configs": {"qkvg": cq.key(), "fab": cab.key(), "fb": cb.key(), "packed": cp.key(),
+                           "fused": cf.key() if cf else ("fused default" if m <= ec.FUSED_MAX_M
+                                                         else "two-launch fallback")}}
         rows.append(row)
         log(f"M={m:2d} a {t['a_seq_torch']:6.2f} b {t['b_2s_torch']:6.2f} c {t['c_2s_cute']:6.2f} "
-            f"e {t['e_packed_cute']:6.2f} | qkvg {t['qkvg_cute']:.2f}/{t['qkvg_torch']:.2f} "
+            f"e {t['e_packed_cute']:6.2f} f {t['f_fused_cute']:6.2f} "
+            f"(packed alone {t['packed_cute_alone']:.2f}) | qkvg {t['qkvg_cute']:.2f}/{t['qkvg_torch']:.2f} "
             f"fab {t['fab_cute']:.2f}/{t['fab_torch']:.2f} fb {t['fb_cute']:.2f}/{t['fb_torch']:.2f}"
             f"  [{time.time() - t0:.0f}s]")
         del p
@@ -461,14 +574,15 @@ def main():
              f"read bandwidth {bw_best:.3f} TB/s ({'; '.join(f'{k} {v:.3f}' for k, v in bw.items())}); "
              f"floor = {WEIGHT_BYTES / 1e6:.2f} MB / bw = {floor_us:.2f} us",
              "CUDA-graph replay, 20 steps per graph, 4 rotated weight sets, median of 7 trials; us per step.",
-             "best = min(c, e). Targets: best <= 1.10x floor (M<=8), <= 1.20x (M<=16), >= 1.25x vs a, >= 1.0x vs b.",
+             "best = min(c, e, f). Targets: best <= 1.10x floor (M<=8), <= 1.20x (M<=16), >= 1.25x vs a, >= 1.0x vs b.",
              "",
-             "| M | (a) seq torch | (b) 2-stream torch | (c) 2-stream cute | (e) packed cute | floor | best/floor | vs (a) | vs (b) | QKVG cute/torch | F_A cute/torch | F_B cute/torch |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| M | (a) seq torch | (b) 2-stream torch | (c) 2-stream cute | (e) packed cute | (f) fused cute | floor | best/floor | vs (a) | vs (b) | packed kernel alone | QKVG cute/torch | F_A cute/torch | F_B cute/torch |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['M']} | {r['a_seq_torch']:.2f} | {r['b_2s_torch']:.2f} | {r['c_2s_cute']:.2f} | "
-                     f"{r['e_packed_cute']:.2f} | {r['floor']:.2f} | {r['best_over_floor']:.3f} | "
-                     f"{r['speedup_vs_a']:.3f} | {r['speedup_vs_b']:.3f} | "
+                     f"{r['e_packed_cute']:.2f} | {r['f_fused_cute']:.2f} | {r['floor']:.2f} | "
+                     f"{r['best_over_floor']:.3f} | {r['speedup_vs_a']:.3f} | {r['speedup_vs_b']:.3f} | "
+                     f"{r['packed_cute_alone']:.2f} | "
                      f"{r['qkvg_cute']:.2f}/{r['qkvg_torch']:.2f} | {r['fab_cute']:.2f}/{r['fab_torch']:.2f} | "
                      f"{r['fb_cute']:.2f}/{r['fb_torch']:.2f} |")
     table = "\n".join(lines)

@@ -204,7 +204,7 @@ def test_fused_supports_and_configs():
     from executors.cute.config import fused_grid
 
     t_all, t0, p, c = fused_grid(ec.default_fused_config(4, NP, 7168, NFA), NP, NQ, NFA, NFB)
-    assert (t_all, t0, p, c) == (786, 768, 16, 12)
+    assert (t_all, t0, p, c) == (393, 384, 8, 12)
 
 
 @pytest.mark.parametrize("m", [4, 16])
@@ -241,10 +241,13 @@ def test_gpu_fused_step(m):
     big = torch.full((m, NP + 24), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, 16:16 + NP]
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):  # repeated launches: the counter must reset itself
+    # default dispatch (one fused kernel for M <= FUSED_MAX_M, two launches above), then
+    # the fused kernel forced for every M; repeated launches: the counter resets itself
+    forced = ec.default_fused_config(m, NP, 7168, NFA)
+    for cfg in (None, None, forced, forced, forced):
         out.fill_(float("nan"))
         g1.fill_(float("nan"))
-        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ)
+        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
         torch.cuda.synchronize()
         ref = x.float() @ wp.float().t()
         _check(out, ref, f"fused out M={m}")

@@ -10,6 +10,31 @@ Public API (GPU imports are lazy: importing this package needs neither cutlass n
 * ``skinny_gemm(x, w, out=None, config=None)``
 * ``configs_for(m, n, k)``, ``default_config(m, n, k)``, ``Config``
 * ``compile_for_arch(config, n, k, arch="sm_90a")`` -> PTX text, no GPU needed
+* ``kda_fused_step(x, w_packed, w_fb, out, g1, fa_col=6144, config=None, workspace=None)``
+  and ``supports_fused(m, n, k, fa_col, nb, kb, dtype, x_row_stride, out_row_stride)``
+  (whole KDA step in ONE kernel, see below), ``default_fused_config``,
+  ``compile_fused_for_arch``
+
+Fused KDA decode step (``kda_fused_step``), one launch, PDL-enabled::
+
+    out[M, N]  = x[M, K] @ w_packed[N, K]^T                  (N = 6288 for Kimi-K3:
+                 columns 0:6144 = q|k|v|g, 6144:6272 = f_a, 6272:6288 = beta)
+    g1[M, NB]  = out[:, fa_col:fa_col+KB] @ w_fb[NB, KB]^T     (NB = 1536, KB = 128: F_B
+                 applied to f_a, read back from ``out`` inside the same kernel)
+
+bf16 in/out, fp32 accumulation. ``out`` may be a strided row view (row stride % 8 == 0,
+16-byte aligned); ``g1`` any unit-stride row view. The blocks that produce out[:,
+fa_col:fa_col+KB] run first and publish it through a global int32 counter; the last
+blocks of the grid compute g1 once the counter says f_a is complete. The counter
+(``workspace``, int32[1], must start at 0) resets itself at the end of every launch, so
+CUDA-graph replays need no memset; by default one counter per (device, stream) is kept
+here. Two launches that share a counter must not run concurrently (same stream is fine).
+For M > FUSED_MAX_M (8) and no explicit ``config``, ``kda_fused_step`` computes the same
+outputs with TWO launches (``skinny_gemm`` over the packed weight, then F_B on the f_a view
+of ``out``, PDL-chained): the single fused kernel with m_tile 16 measured 2-3 us slower on
+the H200. ``workspace`` is unused on that path.
+Split views for the caller: q|k|v|g = out[:, :6144], f_a = out[:, 6144:6272],
+beta = out[:, 6272:6288].
 
 Kernels are compiled once per (config, N, K, arch) and cached in process and on disk
 (``$PLANNER_CACHE_DIR/cute`` or ``~/.cache/planner/cute``) through ``export_to_c`` /
@@ -27,7 +52,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .config import KINDS, MAX_M, Config, configs_for, default_config, kind_for
+from .config import (
+    FUSED_MAX_M,
+    KINDS,
+    MAX_M,
+    Config,
+    check_fused,
+    configs_for,
+    default_config,
+    default_fused_config,
+    kind_for,
+)
 
 __all__ = [
     "Config",
@@ -42,6 +77,12 @@ __all__ = [
     "compile_for_arch",
     "get_kernel",
     "cache_dir",
+    "kda_fused_step",
+    "supports_fused",
+    "default_fused_config",
+    "compile_fused_for_arch",
+    "get_fused_kernel",
+    "FUSED_MAX_M",
 ]
 
 _lock = threading.Lock()
@@ -252,3 +293,145 @@ def skinny_gemm(x, w, out=None, config: Config | None = None):
     fn = get_kernel(cfg, n, k)
     fn(x, w, out)
     return out
+
+
+# --------------------------------------------------------------------------------------
+# fused whole KDA step
+# --------------------------------------------------------------------------------------
+_workspaces: dict[tuple, Any] = {}
+
+
+def supports_fused(m: int, n: int, k: int, fa_col: int, nb: int, kb: int, dtype,
+                   x_row_stride: int, out_row_stride: int) -> str | None:
+    """None if ``kda_fused_step`` handles this problem, else a human-readable reason."""
+    if not _dtype_is_bf16(dtype):
+        return f"dtype {dtype} is not bfloat16"
+    if m < 1 or m > MAX_M:
+        return f"M={m} outside 1..{MAX_M}"
+    if k < 32 or k % 32:
+        return f"K={k} must be a positive multiple of 32"
+    if x_row_stride < k or x_row_stride % 8:
+        return f"x row stride {x_row_stride} must be >= K and a multiple of 8"
+    if out_row_stride < n or out_row_stride % 8:
+        return f"out row stride {out_row_stride} must be >= N and a multiple of 8"
+    try:
+        cfg = default_fused_config(m, n, k, kb)
+    except ValueError as e:
+        return str(e)
+    return check_fused(cfg, m, n, k, fa_col, nb, kb)
+
+
+def _compile_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int, arch: str | None,
+                   use_disk: bool = True):
+    from . import kernels
+
+    arch = arch or _device_arch()
+    tag = (f"{cfg.key()}_n{n}_k{k}_a{a0}_nb{nb}_kb{kb}_{arch}_{_cutlass_version()}_"
+           f"{_source_hash()}")
+    fname = "kdafused_" + hashlib.sha256(tag.encode()).hexdigest()[:20]
+    path = cache_dir() / f"{fname}.o"
+    if use_disk and path.exists():
+        try:
+            import cutlass.cute as cute
+
+            mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+            return getattr(mod, fname)
+        except Exception:
+            pass
+    fn = kernels.compile_fused_tvm_ffi(cfg, n, k, a0, nb, kb, extra_options=f"--gpu-arch {arch}")
+    if use_disk:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".o")
+            os.close(fd)
+            fn.export_to_c(tmp, function_name=fname)
+            os.replace(tmp, path)
+            (path.parent / f"{fname}.txt").write_text(tag + "\n")
+        except Exception:
+            pass
+    return fn
+
+
+def get_fused_kernel(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int,
+                     arch: str | None = None):
+    """Compiled TVM-FFI callable ``fn(x, w, out, w_fb, g1, counter)`` (cached)."""
+    key = ("fused", cfg, n, k, a0, nb, kb, arch)
+    fn = _compiled.get(key)
+    if fn is None:
+        with _lock:
+            fn = _compiled.get(key)
+            if fn is None:
+                fn = _compile_fused(cfg, n, k, a0, nb, kb, arch)
+                _compiled[key] = fn
+    return fn
+
+
+def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb: int,
+                           arch: str = "sm_90a") -> str:
+    """Compile the fused kernel without a GPU and return the PTX text."""
+    from . import kernels
+
+    with _lock, tempfile.TemporaryDirectory() as d:
+        kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb,
+                                      extra_options=f"--gpu-arch {arch} --keep-ptx --dump-dir {d}")
+        files = list(Path(d).glob("*.ptx"))
+        return files[0].read_text() if files else ""
+
+
+def _workspace_for(device):
+    import torch
+
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    ws = _workspaces.get(key)
+    if ws is None:
+        ws = torch.zeros(1, dtype=torch.int32, device=device)
+        _workspaces[key] = ws
+    return ws
+
+
+def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
+                   config: Config | None = None, workspace=None):
+    """One launch on torch's current stream: out = x @ w_packed^T and
+    g1 = out[:, fa_col:fa_col+KB] @ w_fb^T (see the module docstring). Returns (out, g1)."""
+    import torch
+
+    if x.dim() != 2 or w_packed.dim() != 2 or w_fb.dim() != 2:
+        raise ValueError("x, w_packed and w_fb must be 2-D")
+    m, k = x.shape
+    n, kw = w_packed.shape
+    nb, kb = w_fb.shape
+    if kw != k:
+        raise ValueError(f"K mismatch: x {tuple(x.shape)} w_packed {tuple(w_packed.shape)}")
+    for name, t in (("x", x), ("w_packed", w_packed), ("w_fb", w_fb), ("out", out), ("g1", g1)):
+        if t.dtype != torch.bfloat16:
+            raise ValueError(f"{name} must be bfloat16")
+    if out.shape != (m, n) or g1.shape != (m, nb):
+        raise ValueError(f"out must be {(m, n)} and g1 {(m, nb)}, got {tuple(out.shape)}, "
+                         f"{tuple(g1.shape)}")
+    if m == 0:
+        return out, g1
+    if x.stride(1) != 1 or out.stride(1) != 1 or g1.stride(1) != 1:
+        raise ValueError("x, out and g1 need unit stride along the last dim")
+    if not (w_packed.is_contiguous() and w_fb.is_contiguous()):
+        raise ValueError("w_packed and w_fb must be contiguous")
+    reason = supports_fused(m, n, k, fa_col, nb, kb, x.dtype, x.stride(0), out.stride(0))
+    if reason is not None:
+        raise ValueError(f"kda_fused_step unsupported: {reason}")
+    for name, t in (("x", x), ("w_packed", w_packed), ("w_fb", w_fb), ("out", out)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must be 16-byte aligned")
+    if config is None and m > FUSED_MAX_M:
+        skinny_gemm(x, w_packed, out)
+        skinny_gemm(out[:, fa_col:fa_col + kb], w_fb, g1)
+        return out, g1
+    cfg = config if config is not None else default_fused_config(m, n, k, kb)
+    why = check_fused(cfg, m, n, k, fa_col, nb, kb)
+    if why is not None:
+        raise ValueError(f"config {cfg.key()} cannot run this step: {why}")
+    if workspace is None:
+        workspace = _workspace_for(x.device)
+    elif workspace.dtype != torch.int32 or workspace.numel() < 1:
+        raise ValueError("workspace must be an int32 tensor with >= 1 element (zeroed once)")
+    fn = get_fused_kernel(cfg, n, k, fa_col, nb, kb)
+    fn(x, w_packed, out, w_fb, g1, workspace[:1])
+    return out, g1

@@ -26,7 +26,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-KINDS = ("split_n", "split_k", "stream")
+KINDS = ("split_n", "split_k", "stream", "fused")
 MAX_M = 16
 
 
@@ -43,10 +43,15 @@ class Config:
     warps_k: int = 1  # warps splitting K (shared-memory reduction when > 1)
     unroll: int = 1  # 32-wide K steps loaded back to back per warp iteration
     pdl: bool = True
+    # fused (whole KDA step): n8 tiles of the dependent GEMM (F_B) per consumer warp
+    fb_tiles: int = 0
 
     def key(self) -> str:
         if self.kind == "split_n":
             body = f"m{self.m_tile}_r{self.rows}_v{self.vec}"
+        elif self.kind == "fused":
+            body = (f"m{self.m_tile}_t{self.tiles}_wk{self.warps_k}_u{self.unroll}"
+                    f"_fb{self.fb_tiles}")
         else:
             body = f"m{self.m_tile}_t{self.tiles}_wn{self.warps_n}_wk{self.warps_k}_u{self.unroll}"
         return f"{self.kind}_{body}_pdl{int(self.pdl)}"
@@ -80,6 +85,8 @@ class Config:
             return f"unknown kind {self.kind!r}"
         if m < 1 or m > self.m_tile:
             return f"M={m} outside 1..m_tile={self.m_tile}"
+        if self.kind == "fused" and (self.warps_n != 1 or self.fb_tiles < 1):
+            return "fused needs warps_n == 1 and fb_tiles >= 1"
         allowed = (1, 2, 4, 8, 16) if self.kind == "split_n" else (8, 16)
         if self.m_tile not in allowed:
             return f"m_tile must be one of {allowed} for {self.kind}"
@@ -172,6 +179,56 @@ _DEFAULTS: dict[str, list[tuple[int, dict]]] = {
         (16, dict(tiles=2, warps_n=1, warps_k=8, unroll=4)),
     ],
 }
+
+
+def fused_grid(cfg: Config, n: int, a0: int, kb: int, nb: int) -> tuple[int, int, int, int]:
+    """(stream tiles T, first producer tile t0, producer tiles P, consumer blocks C)."""
+    rows = 8 * cfg.tiles
+    t_all = -(-n // rows)
+    t0 = a0 // rows
+    p = -(-(a0 + kb) // rows) - t0
+    c = -(-nb // (8 * cfg.fb_tiles * cfg.warps_k))
+    return t_all, t0, p, c
+
+
+def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) -> str | None:
+    """None if the fused step kernel can run: out[M,n] = x @ w[n,k]^T, then
+    g1[M,nb] = out[:, a0:a0+kb] @ w_fb[nb,kb]^T inside the same kernel."""
+    if cfg.kind != "fused":
+        return f"kind {cfg.kind!r} is not 'fused'"
+    why = cfg.check(m, n, k)
+    if why is not None:
+        return why
+    if a0 < 0 or a0 % 8 or kb < 32 or kb % 32 or a0 + kb > n:
+        return f"dependent columns [{a0}, {a0 + kb}) must be 8-aligned, K_B % 32 == 0, inside N={n}"
+    if nb < 1:
+        return "N_B must be positive"
+    if cfg.fb_tiles * (kb // 32) > 16:
+        return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
+    return None
+
+
+# The single fused kernel is used up to this M; above it (m_tile 16) the H200 run of
+# 2026-11-30 (results/kda_kernels/2026-11-30_h200_run5_fused.*) measured it 2-3 us SLOWER
+# than the two-launch path (packed stream kernel + F_B kernel, PDL chained), so
+# kda_fused_step falls back to that path there.
+FUSED_MAX_M = 8
+
+
+def default_fused_config(m: int, n: int, k: int, kb: int = 128) -> Config:
+    """Fused whole-step config (also returned for m > FUSED_MAX_M, where kda_fused_step
+    uses the two-launch path unless this config is passed explicitly)."""
+    base = default_config(m, n, k)
+    if base.kind != "stream":
+        raise ValueError(f"no fused config for N={n} K={k} (kind {base.kind})")
+    if m <= 8:  # H200 fused sweep 2026-11-30 run5 at M=8: t2/wk8/u4 best (24.40 us/step)
+        base = Config(kind="stream", m_tile=8, tiles=2, warps_k=8, unroll=4)
+        if base.check(m, n, k) is not None:
+            base = default_config(m, n, k)
+    fb = max(1, min(16 // base.warps_k, 4 // max(1, kb // 128)))
+    while fb > 1 and fb * (kb // 32) > 16:
+        fb //= 2
+    return dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb)
 
 
 def default_config(m: int, n: int, k: int) -> Config:

@@ -64,6 +64,63 @@ def ld_act_v4(addr: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_l2_v4(addr: Int64, *, loc=None, ip=None):
+    """128-bit load that bypasses L1 (data written by other blocks of this grid)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return _i32x4(res)
+
+
+@dsl_user_op
+def fence_acq_rel_gpu(*, loc=None, ip=None):
+    llvm.inline_asm(None, [], "fence.acq_rel.gpu;", "", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def red_add_release_gpu(addr: Int64, val: Int32, *, loc=None, ip=None):
+    """Release-ordered atomic add at GPU scope (publishes this block's earlier writes)."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
+                    "red.release.gpu.global.add.u32 [$0], $1;", "l,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def wait_then_arrive(addr: Int64, target: Int32, total: Int32, *, loc=None, ip=None):
+    """Spin (acquire, GPU scope) until *addr >= target, then add 1; the arrival that
+    brings the counter to ``total`` resets it to 0 (self-cleaning across launches)."""
+    llvm.inline_asm(
+        None,
+        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(target).ir_value(loc=loc, ip=ip),
+         Int32(total).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .u32 v, o, tm1;\n\t.reg .pred p;\n\t"
+        "SPIN:\n\t"
+        "ld.acquire.gpu.global.u32 v, [$0];\n\t"
+        "setp.lt.u32 p, v, $1;\n\t"
+        "@!p bra DONE;\n\t"
+        "nanosleep.u32 64;\n\t"
+        "bra SPIN;\n\t"
+        "DONE:\n\t"
+        "atom.relaxed.gpu.global.add.u32 o, [$0], 1;\n\t"
+        "sub.u32 tm1, $2, 1;\n\t"
+        "setp.eq.u32 p, o, tm1;\n\t"
+        "@p st.relaxed.gpu.global.u32 [$0], 0;\n\t"
+        "}",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
 def mma_k32(a, b, c, *, loc=None, ip=None):
     """Two m16n8k16 bf16 mma.sync steps (K = 32) accumulating into fp32 c[0..3].
 
@@ -317,6 +374,215 @@ def build_split_n(cfg: Config, n: int, k: int):
                                   use_pdl=PDL)
 
     return host
+
+
+# --------------------------------------------------------------------------------------
+# Fused whole-step kernel: streaming GEMM over the packed weight + the dependent F_B GEMM
+# --------------------------------------------------------------------------------------
+def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
+    """out[M, n] = x @ w[n, k]^T and g1[M, nb] = out[:, a0:a0+kb] @ w_fb[nb, kb]^T, one grid.
+
+    Blocks 0..P-1 (scheduled first) stream the weight tiles that hold out[:, a0:a0+kb]
+    (f_a), then publish them: every thread fences, the block syncs, thread 0 does a
+    release add on a global counter. Blocks P..T-1 stream the other tiles. The last C
+    blocks (highest blockIdx, so normally scheduled last) prefetch their F_B weights,
+    spin (acquire) until the counter reaches P, compute F_B from f_a read through L2,
+    and count themselves in; the last arrival resets the counter to 0, so no memset is
+    needed between launches or graph replays. No ordering assumption is needed to be
+    deadlock-free: producers never wait, and C is far below the resident capacity.
+    """
+    from .config import fused_grid
+
+    MT = cfg.m_tile
+    R = cfg.tiles
+    WK = cfg.warps_k
+    U = cfg.unroll
+    RB = cfg.fb_tiles
+    STEPS = k // 32
+    JW = STEPS // WK
+    NIT = JW // U
+    NTHR = 32 * WK
+    OUT_BLK = R * MT * 8
+    T_ALL, T0, P, C = fused_grid(cfg, n, a0, kb, nb)
+    GRID = T_ALL + C
+    TOTAL = P + C
+    SB = kb // 32
+    PDL = cfg.pdl
+    N = n
+    K = k
+    NB = nb
+    KB = kb
+    A0 = a0
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mWB: cute.Tensor,
+               mG: cute.Tensor, mC: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        t = lane % 4
+        m_rows = mX.shape[0]
+        smem = _SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+        ctr = mC.iterator.toint()
+        so = mO.stride[0]
+
+        if bid < T_ALL:
+            # ---------------- streaming part (producers first) ----------------
+            tile = bid
+            if bid < P:
+                tile = bid + T0
+            else:
+                if bid - P < T0:
+                    tile = bid - P
+            wk = warp
+            n_tile0 = tile * (8 * R)
+            w_base = mW.iterator.toint()
+            w_addr = []
+            for r in cutlass.range_constexpr(R):
+                row = _imin(n_tile0 + r * 8 + g, N - 1)
+                w_addr.append(w_base + Int64(row) * (K * 2) + Int64((wk * JW * 32 + t * 8) * 2))
+
+            def load_w(it):
+                regs = []
+                for u in cutlass.range_constexpr(U):
+                    for r in cutlass.range_constexpr(R):
+                        regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * 64)))
+                return regs
+
+            w_cur = load_w(0)
+            if cutlass.const_expr(PDL):
+                cute.arch.griddepcontrol_wait()
+                cute.arch.griddepcontrol_launch_dependents()
+
+            sx = mX.stride[0]
+            x_base = mX.iterator.toint()
+            koff = Int64((wk * JW * 32 + t * 8) * 2)
+            xg_addr = x_base + Int64(_imin(g, m_rows - 1)) * Int64(sx) * 2 + koff
+            xh_addr = x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff
+
+            def load_x(it):
+                regs = []
+                for u in cutlass.range_constexpr(U):
+                    off = Int64((it * U + u) * 64)
+                    xg = ld_act_v4(xg_addr + off)
+                    if cutlass.const_expr(MT == 16):
+                        xh = ld_act_v4(xh_addr + off)
+                    else:
+                        xh = [Int32(0)] * 4
+                    regs.append((xg, xh))
+                return regs
+
+            x_cur = load_x(0)
+            acc = [[Float32(0.0)] * 4 for _ in range(R)]
+            for it in cutlass.range_constexpr(NIT):
+                if cutlass.const_expr(it + 1 < NIT):
+                    w_nxt = load_w(it + 1)
+                    x_nxt = load_x(it + 1)
+                for u in cutlass.range_constexpr(U):
+                    xg, xh = x_cur[u]
+                    a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
+                    for r in cutlass.range_constexpr(R):
+                        acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
+                if cutlass.const_expr(it + 1 < NIT):
+                    w_cur = w_nxt
+                    x_cur = x_nxt
+
+            for r in cutlass.range_constexpr(R):
+                for h in cutlass.range_constexpr(MT // 8):
+                    for e in cutlass.range_constexpr(2):
+                        idx = (wk * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
+                        red[idx] = acc[r][2 * h + e]
+            cute.arch.sync_threads()
+            for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                idx = tid + p * NTHR
+                if idx < OUT_BLK:
+                    s = Float32(0.0)
+                    for q in cutlass.range_constexpr(WK):
+                        s = s + red[q * OUT_BLK + idx]
+                    col8 = idx % 8
+                    m = (idx // 8) % MT
+                    rr = idx // (8 * MT)
+                    col = n_tile0 + rr * 8 + col8
+                    if m < m_rows:
+                        if col < N:
+                            mO[m, col] = s.to(BFloat16)
+            if bid < P:
+                fence_acq_rel_gpu()
+                cute.arch.sync_threads()
+                if tid == 0:
+                    red_add_release_gpu(ctr, Int32(1))
+        else:
+            # ---------------- consumer part: g1 = f_a @ w_fb^T ----------------
+            cb = bid - T_ALL
+            row0 = (cb * WK + warp) * (8 * RB)
+            wb_base = mWB.iterator.toint()
+            wv = []
+            for r in cutlass.range_constexpr(RB):
+                row = _imin(row0 + r * 8 + g, NB - 1)
+                ra = wb_base + Int64(row) * (KB * 2) + Int64(t * 16)
+                for sk in cutlass.range_constexpr(SB):
+                    wv.append(ld_weights_v4(ra + Int64(sk * 64)))
+            if cutlass.const_expr(PDL):
+                cute.arch.griddepcontrol_wait()
+                cute.arch.griddepcontrol_launch_dependents()
+            if tid == 0:
+                wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
+            cute.arch.sync_threads()
+            o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
+            fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
+            fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
+            acc = [[Float32(0.0)] * 4 for _ in range(RB)]
+            for sk in cutlass.range_constexpr(SB):
+                xg = ld_l2_v4(fg + Int64(sk * 64))
+                if cutlass.const_expr(MT == 16):
+                    xh = ld_l2_v4(fh + Int64(sk * 64))
+                else:
+                    xh = [Int32(0)] * 4
+                a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
+                for r in cutlass.range_constexpr(RB):
+                    acc[r] = mma_k32(a, wv[r * SB + sk], acc[r])
+            for r in cutlass.range_constexpr(RB):
+                for h in cutlass.range_constexpr(MT // 8):
+                    m = g + 8 * h
+                    for e in cutlass.range_constexpr(2):
+                        col = row0 + r * 8 + 2 * t + e
+                        if m < m_rows:
+                            if col < NB:
+                                mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+
+    @cute.jit
+    def host(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mWB: cute.Tensor,
+             mG: cute.Tensor, mC: cute.Tensor, stream):
+        kernel(mX, mW, mO, mWB, mG, mC).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1),
+                                               stream=stream, use_pdl=PDL)
+
+    return host
+
+
+def fake_args_fused(n: int, k: int, nb: int, kb: int):
+    m = cute.sym_int()
+    sx = cute.sym_int64(divisibility=8)
+    so = cute.sym_int64(divisibility=8)
+    sg = cute.sym_int64()
+    x = cute.runtime.make_fake_tensor(BFloat16, (m, k), stride=(sx, 1), assumed_align=16)
+    w = cute.runtime.make_fake_tensor(BFloat16, (n, k), stride=(k, 1), assumed_align=16)
+    o = cute.runtime.make_fake_tensor(BFloat16, (m, n), stride=(so, 1), assumed_align=16)
+    wb = cute.runtime.make_fake_tensor(BFloat16, (nb, kb), stride=(kb, 1), assumed_align=16)
+    g1 = cute.runtime.make_fake_tensor(BFloat16, (m, nb), stride=(sg, 1), assumed_align=2)
+    c = cute.runtime.make_fake_tensor(Int32, (1,), stride=(1,), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return x, w, o, wb, g1, c, stream
+
+
+def compile_fused_tvm_ffi(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int,
+                          extra_options: str = ""):
+    host = build_fused(cfg, n, k, a0, nb, kb)
+    args = fake_args_fused(n, k, nb, kb)
+    opts = "--enable-tvm-ffi" + (" " + extra_options if extra_options else "")
+    return cute.compile(host, *args, options=opts)
 
 
 def build_host(cfg: Config, n: int, k: int):
