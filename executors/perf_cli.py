@@ -43,7 +43,7 @@ def _tune(args) -> int:
     res = tune_plan(args.plan, overrides, dim=args.dim, buckets=parse_tokens(args.buckets, []) or None,
                     max_configs=args.max_configs, iters=args.iters, trials=args.trials, nsets=args.sets,
                     variants=not args.no_variants, min_gain=args.min_gain, flashinfer=not args.no_flashinfer,
-                    budget_s=args.budget_s)
+                    budget_s=args.budget_s, refine=not args.no_refine)
     if args.output:
         save_tuning(res, args.output)
         print(f"wrote {args.output}", file=sys.stderr)
@@ -93,6 +93,8 @@ def register(sub) -> None:
     t.add_argument("--no-variants", action="store_true", help="skip the end-to-end variant timing (no limits)")
     t.add_argument("--min-gain", type=float, default=0.0, help="a variant must win by this fraction (default 0)")
     t.add_argument("--no-flashinfer", action="store_true", help="do not time FlashInfer backends")
+    t.add_argument("--no-refine", action="store_true",
+                   help="keep the standalone winners (no end-to-end switch to the second choice per variant)")
     t.add_argument("--budget-s", type=float, default=None,
                    help="after this many seconds, remaining shapes time only torch and the default config")
     t.set_defaults(handler=_tune)

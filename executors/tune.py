@@ -427,11 +427,40 @@ def plan_gemms(cp, dim: str, buckets: list) -> dict:
     return sigs
 
 
+def _variant_sigs(cp, dim: str, bucket: int) -> dict:
+    """{(region, variant): [gemm signatures of the ops guarded by that variant]} at this bucket."""
+    from planner.cost import op_signature
+    g = cp.graph
+    bind = {**cp.plan.params, **{d: cp.plan.dims[d].hi for d in cp.plan.dims}, dim: bucket}
+    out: dict = {}
+    for v in g.nodes:
+        d = g.nodes[v]
+        op = d["op"]
+        if op.op != "gemm" or not d.get("ctx"):
+            continue
+        try:
+            sig = op_signature(op, [cp.tensors[n] for n in op.inputs()], bind)
+        except Exception:  # noqa: BLE001
+            continue
+        for rv in d["ctx"]:
+            lst = out.setdefault(tuple(rv), [])
+            if sig not in lst:
+                lst.append(sig)
+    return out
+
+
 def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: list, iters=20, trials=5,
-                  nsets=4, log=_log, dev="cuda") -> dict:
+                  nsets=4, log=_log, dev="cuda", alternatives: dict | None = None) -> dict:
     """{region: {bucket: {variant: us}}}: each region forced to each of its variants (all regions
     to the same variant name where they have it), graph replay, `nsets` executors with their own
-    weights rotated, with the tuned backends."""
+    weights rotated, with the tuned backends.
+
+    alternatives: {signature: (backend, config)} -- a second choice per gemm (torch when the
+    standalone winner is a kernel, else the best kernel). Per bucket and variant, each gemm of
+    the variant is switched to its alternative once (greedy); the switch is kept in
+    tuning["backends"] when the whole variant gets faster (standalone winners need not win
+    together: two kernels that each saturate HBM do not overlap). Then all variants are timed
+    again with the final choices; those times are what the limits are derived from."""
     import torch
 
     from .check import make_data
@@ -447,13 +476,15 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
         cp = cp_factory(p)
         _, w = make_data(p, {d: plan.dims[d].hi for d in plan.dims}, seed=100 + s, rank=0, device=dev)
         exs.append(tuned_executor(cp, w, tuning, device=dev, externs=default_externs(p)))
+    table = tuning.setdefault("backends", {})
+    tuning.setdefault("refinements", [])
     out: dict = {r: {} for r in regions}
     for b in buckets:
         bind = {**{d: plan.dims[d].hi for d in plan.dims}, dim: b}
         ins, _ = make_data(plan, bind, seed=7 + b, rank=0, device=dev)
-        fns = {}
-        for name in names:
-            def f(i, name=name, bind=bind, ins=ins):
+
+        def make(name, bind=bind, ins=ins):
+            def f(i):
                 ex = exs[i % nsets]
                 saved = dict(ex._gates)
                 for rid, reg in regions.items():
@@ -464,8 +495,36 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
                 finally:
                     ex._gates.clear()
                     ex._gates.update(saved)
-            fns[name] = f
-        t = time_graphs(fns, iters=iters, trials=trials, nsets=nsets)
+            return f
+
+        if alternatives:
+            vsigs = _variant_sigs(exs[0].compiled, dim, b)
+            for (rid, vname), sigs in sorted(vsigs.items()):
+                if rid != next(iter(regions)):   # regions alike (layers): refine on the first
+                    continue
+                cur = time_graphs({vname: make(vname)}, iters=iters, trials=trials, nsets=nsets)[vname]
+                for sig in sigs:
+                    alt = alternatives.get(sig)
+                    if alt is None or sig not in table:
+                        continue
+                    old = dict(table[sig])
+                    table[sig] = {"backend": alt[0], "config": alt[1]}
+                    for ex in exs:
+                        apply_tuning(ex, tuning)
+                    t_alt = time_graphs({vname: make(vname)}, iters=iters, trials=trials, nsets=nsets)[vname]
+                    keep = t_alt < cur * 0.995
+                    tuning["refinements"].append({"bucket": b, "variant": vname, "signature": sig, "from": old,
+                                                  "to": table[sig], "us_before": round(cur, 3),
+                                                  "us_after": round(t_alt, 3), "kept": keep})
+                    log(f"[tune]   {dim}={b} {vname}: {sig} {old['backend']} -> {alt[0]}: {cur:.2f} -> {t_alt:.2f} us"
+                        f" ({'kept' if keep else 'reverted'})")
+                    if keep:
+                        cur = t_alt
+                    else:
+                        table[sig] = old
+                        for ex in exs:
+                            apply_tuning(ex, tuning)
+        t = time_graphs({n: make(n) for n in names}, iters=iters, trials=trials, nsets=nsets)
         for rid, reg in regions.items():
             vn = {v.name for v in reg.variants}
             out[rid][str(b)] = {n: round(us, 3) for n, us in t.items() if n in vn}
@@ -479,7 +538,7 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
 def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_tokens", buckets=None,
               max_configs: int = 24, iters: int = 20, trials: int = 5, nsets: int = 4,
               variants: bool = True, min_gain: float = 0.0, flashinfer: bool = True, budget_s: float | None = None,
-              log=_log, device: str = "cuda") -> dict:
+              log=_log, device: str = "cuda", refine: bool = True) -> dict:
     """Tune a plan (see the module doc). device="cpu" is a dry run: eager timing, torch only."""
     import torch
 
@@ -496,6 +555,7 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
     sigs = plan_gemms(cp, dim, bks)
     res = new_tuning(torch.cuda.get_device_name() if device != "cpu" else "cpu (dry run)", torch.__version__)
     res["candidates"] = {}
+    alternatives = {}
     t0 = time.time()
     log(f"[tune] plan {plan.name}: {len(sigs)} gemm signature(s) over {dim} buckets {bks}")
     for i, (sig, (dtype, m, n, k)) in enumerate(sorted(sigs.items(), key=lambda kv: (kv[1][2], kv[1][3], kv[1][1]))):
@@ -514,11 +574,23 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
         res["backends"][sig] = {"backend": be, "config": cfg}
         res["measured"][sig] = round(ok[best], 3)
         res["candidates"][sig] = {lab: (None if us is None else round(us, 3)) for lab, us in times.items()}
+        if be != "torch" and "torch" in ok:
+            alternatives[sig] = ("torch", None)
+        elif be == "torch":
+            others = [lab for lab in ok if lab != "torch"]
+            if others:
+                lab2 = min(others, key=ok.get)
+                alternatives[sig] = next((b, c) for b, c in cands if cand_label(b, c) == lab2)
         log(f"[tune] ({i + 1}/{len(sigs)}) {sig}: {len(ok)}/{len(cands)} candidates; best {best} {ok[best]:.2f} us"
             f" (torch {ok.get('torch', float('nan')):.2f} us) [{time.time() - t0:.0f}s]")
     if variants and plan.regions:
         res["variants"] = time_variants(lambda p: compile_plan(p), load, res, dim, bks, iters=iters,
-                                        trials=trials, nsets=nsets, log=log, dev=device)
+                                        trials=trials, nsets=nsets, log=log, dev=device,
+                                        alternatives=alternatives if refine else None)
+        for sig, e in res["backends"].items():  # the cost model gets the time of what was chosen
+            us = res["candidates"].get(sig, {}).get(cand_label(e["backend"], e.get("config")))
+            if us is not None:
+                res["measured"][sig] = us
         for name, (rid, v, fb) in limit_gates(plan).items():
             res["limits"][name] = derive_limit(res["variants"].get(rid, {}), v, fb, min_gain)
             log(f"[tune] limit {name} = {res['limits'][name]} ({v} vs {fb} in {rid})")

@@ -244,3 +244,22 @@ def test_bench_plan_dry_run_on_cpu(plan, ov, world):
     res = bench_plan(str(plan), dict(ov), [1, 5], world=world, iters=2, trials=1, nsets=2, device="cpu")
     assert [r["tokens"] for r in res["rows"]] == [1, 5]
     assert all(r["ok"] and r["compiled_us"] > 0 and r["reference_us"] > 0 for r in res["rows"])
+
+
+def test_variant_refinement_mechanics_on_cpu():
+    """A second choice per gemm is tried end to end per variant and recorded (kept or reverted)."""
+    from executors.tune import time_variants
+    load = lambda: load_plan(KDA, dict(SMALL))  # noqa: E731
+    t = new_tuning()
+    t["backends"] = {f"gemm:bf16:M={m},N={n},K={k}": {"backend": "torch", "config": None}
+                     for m in (1, 2) for n, k in ((16, 64), (13, 64), (4, 8), (29, 64))}
+    alts = {sig: ("torch", None) for sig in t["backends"]}
+    lines = []
+    out = time_variants(compile_plan, load, t, "num_tokens", [1, 2], iters=2, trials=1, nsets=2, dev="cpu",
+                        alternatives=alts, log=lines.append)
+    assert set(out["kda_projection.0"]) == {"1", "2"}
+    # two_branch has 3 gemm signatures, packed 2, per bucket
+    assert len(t["refinements"]) == 2 * (3 + 2)
+    assert all(r["to"]["backend"] == "torch" for r in t["refinements"])
+    assert all(e["backend"] == "torch" for e in t["backends"].values())
+    validate_tuning(t)
