@@ -38,6 +38,11 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
     p.add_argument("--emit", choices=["text", "json"], default="text")
+    p.add_argument("--timeline", metavar="FILE", help="also record when each op ran on each stream (rank 0) and draw"
+                   " it: .png/.svg picture, or .json records (CUDA events on GPU, wall clock on CPU)")
+    p.add_argument("--as-if-capturing", action="store_true",
+                   help="for --timeline: evaluate gates as if a CUDA graph were being captured (selects the"
+                        " multi-stream variants while running eagerly)")
     p.set_defaults(handler=_run)
 
 
@@ -56,8 +61,45 @@ def _rank_body(rank, world, path, overrides, ns, device, check, num_tokens, seed
     cfg = _compile_config(ns)
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     tuning = dict(cfg.tuned) if cfg is not None and cfg.tuned else None
-    return run_check(lambda: load_plan(path, overrides), rank=rank, num_tokens=num_tokens, seed=seed, device=dev,
-                     compare=check, config=cfg, tuning=tuning)
+    report = run_check(lambda: load_plan(path, overrides), rank=rank, num_tokens=num_tokens, seed=seed, device=dev,
+                       compare=check, config=cfg, tuning=tuning)
+    if ns.get("timeline") and rank == 0:
+        report["timeline"] = _timeline(load_plan(path, overrides), cfg, dev, num_tokens, seed, tuning, ns)
+    return report
+
+
+def _timeline(plan, cfg, dev, num_tokens, seed, tuning, ns) -> dict:
+    """One traced call after a warm-up; records drawn with planner.viz.timeline."""
+    import json as _json
+
+    import torch
+
+    from .check import compile_for_run, make_data, pick_dims
+    from .externs import default_externs
+    from .lowering import build_executor
+    b = pick_dims(plan, num_tokens, seed)
+    inputs, weights = make_data(plan, b, seed, 0, dev)
+    cp = compile_for_run(plan, cfg)
+    ex = build_executor(cp, weights, device=dev, externs=default_externs(plan), tuning=tuning, agree=False)
+    facts = ex.facts(inputs, b, capturing=True if ns.get("as_if_capturing") else None)
+    for _ in range(3):
+        ex(dims=b, _facts=facts, **inputs)
+    with ex.trace():
+        ex(dims=b, _facts=facts, **inputs)
+    if str(dev).startswith("cuda"):
+        torch.cuda.synchronize(dev)
+    recs = ex.last_trace
+    path = ns["timeline"]
+    title = f"{plan.name}: {', '.join(f'{k}={v}' for k, v in b.items())}; variants " + ", ".join(
+        sorted(set(ex.last_variants.values())) or ["-"]) + (" (CUDA events)" if str(dev).startswith("cuda") else
+                                                           " (CPU wall clock: streams run in program order)")
+    if path.endswith(".json"):
+        with open(path, "w") as f:
+            _json.dump(recs, f, indent=1)
+    else:
+        from planner.viz.timeline import render_timeline
+        render_timeline(recs, path, title)
+    return {"path": path, "ops": len(recs), "streams": sorted({r["stream"] for r in recs})}
 
 
 def _run(args) -> int:
@@ -105,6 +147,9 @@ def _run(args) -> int:
                           "ranks": reports}, indent=2, default=str))
     else:
         print(_table(reports, world, args))
+        tl = reports[0].get("timeline")
+        if tl:
+            print(f"timeline: {tl['ops']} ops on {', '.join(tl['streams'])} -> {tl['path']}")
     return 0 if ok else 1
 
 

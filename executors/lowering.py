@@ -360,6 +360,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
             events["entry"] = torch.cuda.Event()
     solver = DimSolver(plan, plan.inputs)
     dev_weights = {k: weights[k] for k in plan.weights}
+    from .gemm_chain import fuse_gemm_chains
+    fuse_gemm_chains(cp, steps, dev_weights, device)  # one-launch gemm -> slice -> gemm where the kernel exists
     return Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
                     list(getattr(cp, "exit_waits", []) or []), trace)
 

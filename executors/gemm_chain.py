@@ -1,0 +1,95 @@
+"""GEMM-chain peephole: gemm -> split -> gemm on a column slice of the first result.
+
+The KDA packed variant computes proj = x @ W_packed^T, splits it, and then
+g1 = f_a @ W_FB^T where f_a is a column slice of proj. The CuTe fused kernel
+(executors.cute.kda_fused_step) does both in one launch: the F_B part waits inside
+the grid for the blocks that produce f_a. This module finds such chains in the
+lowered steps (same stream, same variant guard, f_a a split view of the first
+result, the second GEMM's weight a plan weight) and rewires the two steps: the first
+runs the fused kernel when this call's M and strides allow it and stashes g1; the
+second returns the stash. Otherwise both run their normal implementations, so the
+result never depends on whether the kernel applied. Only for backend 'auto' or 'cute'.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["fuse_gemm_chains"]
+
+
+def _chain_of(cp, steps_by_id, st_b):
+    """(step A, fa_col) if st_b is the second gemm of a gemm -> split -> gemm chain."""
+    g = cp.graph
+    op_b = g.nodes[st_b.id]["op"]
+    fa = cp.tensors.get(op_b.a)
+    if fa is None or fa.producer is None or g.nodes[fa.producer]["op"].op != "split":
+        return None
+    sp = g.nodes[fa.producer]["op"]
+    src = cp.tensors[sp.x]
+    if src.producer is None or src.producer not in steps_by_id:
+        return None
+    st_a = steps_by_id[src.producer]
+    op_a = g.nodes[st_a.id]["op"]
+    if op_a.op != "gemm" or sp.dim % 2 != 1 or not all(isinstance(s, int) for s in sp.sizes):
+        return None
+    if st_a.stream != st_b.stream or st_a.guard != st_b.guard or st_a.slot is not None:
+        return None
+    if op_b.b not in cp.plan.weights or op_a.b not in cp.plan.weights:
+        return None
+    if "cute" not in (op_a.backend, "auto") or "cute" not in (op_b.backend, "auto"):
+        return None
+    idx = sp.out.index(op_b.a)
+    return st_a, sum(sp.sizes[:idx])
+
+
+def fuse_gemm_chains(cp, steps, weights: dict, device) -> list[tuple[str, str]]:
+    """Rewire eligible chains in place; returns [(first gemm id, second gemm id)]."""
+    if device.type != "cuda":
+        return []
+    from . import cute
+    if not cute.available() or not hasattr(cute, "kda_fused_step"):
+        return []
+    by_id = {s.id: s for s in steps if s.kind == "gemm"}
+    done = []
+    for st_b in list(by_id.values()):
+        found = _chain_of(cp, by_id, st_b)
+        if found is None:
+            continue
+        st_a, fa_col = found
+        w_fb = weights[cp.graph.nodes[st_b.id]["op"].b]
+        _rewire(st_a, st_b, w_fb, fa_col, cute)
+        done.append((st_a.id, st_b.id))
+    return done
+
+
+def _rewire(st_a, st_b, w_fb, fa_col, cute):
+    run_a, run_b = st_a.run, st_b.run
+    cell: dict = {}
+    nb, kb = w_fb.shape
+
+    def first(ins, b, out):
+        x, w = ins
+        m, k = x.shape
+        n = w.shape[0]
+        ok = x.stride(1) == 1 and w.is_contiguous() and w_fb.is_contiguous()
+        target = out if out is not None else None
+        why = cute.supports_fused(m, n, k, fa_col, nb, kb, x.dtype, x.stride(0),
+                                  n if target is None else target.stride(0)) if ok else "strides"
+        if why is None:
+            o = target if target is not None else torch.empty((m, n), dtype=x.dtype, device=x.device)
+            g1 = torch.empty((m, nb), dtype=x.dtype, device=x.device)
+            cute.kda_fused_step(x, w, w_fb, o, g1, fa_col=fa_col)
+            cell["g1"] = g1
+            return o
+        cell["g1"] = None
+        return run_a(ins, b, out)
+
+    def second(ins, b, out):
+        g1 = cell.pop("g1", None)
+        if g1 is None:
+            return run_b(ins, b, out)
+        return out.copy_(g1) if out is not None else g1
+
+    st_a.run, st_b.run = first, second
+    st_a.backend, st_b.backend = "cute:fused-chain", f"cute:fused-into:{st_a.id}"
