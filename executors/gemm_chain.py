@@ -31,7 +31,8 @@ def _chain_of(cp, steps_by_id, st_b):
         return None
     st_a = steps_by_id[src.producer]
     op_a = g.nodes[st_a.id]["op"]
-    if op_a.op != "gemm" or sp.dim % 2 != 1 or not all(isinstance(s, int) for s in sp.sizes):
+    widths = [cp.tensors[o].shape[-1] for o in sp.out]
+    if op_a.op != "gemm" or sp.dim % 2 != 1 or not all(isinstance(w, int) for w in widths):
         return None
     if st_a.stream != st_b.stream or st_a.guard != st_b.guard or st_a.slot is not None:
         return None
@@ -40,7 +41,7 @@ def _chain_of(cp, steps_by_id, st_b):
     if "cute" not in (op_a.backend, "auto") or "cute" not in (op_b.backend, "auto"):
         return None
     idx = sp.out.index(op_b.a)
-    return st_a, sum(sp.sizes[:idx])
+    return st_a, sum(widths[:idx])
 
 
 def fuse_gemm_chains(cp, steps, weights: dict, device) -> list[tuple[str, str]]:
