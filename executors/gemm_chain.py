@@ -38,7 +38,7 @@ def _chain_of(cp, steps_by_id, st_b):
         return None
     if op_b.b not in cp.plan.weights or op_a.b not in cp.plan.weights:
         return None
-    if "cute" not in (op_a.backend, "auto") or "cute" not in (op_b.backend, "auto"):
+    if op_a.backend not in ("cute", "auto") or op_b.backend not in ("cute", "auto"):
         return None
     idx = sp.out.index(op_b.a)
     return st_a, sum(widths[:idx])
