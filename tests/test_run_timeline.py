@@ -1,0 +1,21 @@
+"""`planner run --timeline`: records per stream and draws them (CPU: wall clock)."""
+
+import json
+
+from planner.cli import main
+from tests.planutil import PLANS
+
+
+def test_run_timeline_svg_and_json(tmp_path, capsys):
+    svg = tmp_path / "t.svg"
+    assert main(["run", str(PLANS / "k3_kda_projection.yaml"), "--num-tokens", "2", "--check",
+                 "--timeline", str(svg), "--as-if-capturing"]) == 0
+    out = capsys.readouterr().out
+    assert "timeline:" in out and "aux" in out
+    text = svg.read_text()
+    assert "stream main" in text and "stream aux" in text and "qkvg_out" in text
+    js = tmp_path / "t.json"
+    assert main(["run", str(PLANS / "k3_kda_projection.yaml"), "--num-tokens", "8", "--timeline", str(js)]) == 0
+    recs = json.loads(js.read_text())
+    assert {r["stream"] for r in recs} == {"main"}  # not capturing: the packed fallback, one stream
+    assert all(r["end_us"] >= r["start_us"] for r in recs)
