@@ -171,8 +171,12 @@ class Expander:
         if isinstance(it, str):
             raise PlanError.at(e.src.loc(e.path), "schema",
                                f"an op must be 'outputs: call(...)' or a mapping with 'op:'; got the string {it!r}")
+        hint = None
+        if isinstance(it, dict) and any(isinstance(v, str) and v.count("(") > v.count(")") for v in it.values()):
+            hint = "inside {...} a ',' ends the value: quote the call, e.g. {y: 'gemm(x, w)'}"
         raise PlanError.at(e.src.loc(e.path), "schema",
-                           "an op must be 'outputs: call(...)', a mapping with 'op:', a 'for' block or a region with 'variants'")
+                           "an op must be 'outputs: call(...)', a mapping with 'op:', a 'for' block or a region"
+                           " with 'variants'", hint)
 
     def out_names(self, text, env, loc) -> list[str]:
         text = self.interp(str(text), env, loc)

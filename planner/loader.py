@@ -318,6 +318,9 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
             field = str(e["loc"][1]) if len(e["loc"]) > 1 else "op"
             word = {"missing": "is required", "extra_forbidden": "is not a field of this op"}.get(e["type"], e["msg"])
             raise PlanError.at(raw.field_locs.get(field, raw.loc), "schema", f"{raw.d.get('op')}: '{field}' {word}") from None
+        if model.stream is not None and not _NAME.match(model.stream):
+            raise PlanError.at(raw.field_locs.get("stream", raw.loc), "stream",
+                               f"stream name {model.stream!r} is not an identifier (e.g. main, aux, comm)")
         if model.id in seen_ids:
             raise PlanError.at(raw.loc, "dup", f"op id '{model.id}' is used twice (first at {seen_ids[model.id]})")
         seen_ids[model.id] = raw.loc
