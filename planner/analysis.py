@@ -6,6 +6,7 @@ import networkx as nx
 
 from .cost import CostModel
 from .graph import Compiled, compatible
+from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 
 __all__ = ["allowed_buckets", "rep_bindings", "op_costs", "simulate", "variant_choice"]
@@ -91,19 +92,26 @@ def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: fl
     ctx_choice = tuple(sorted((choice or {}).items()))
     free: dict[str, float] = {}
     finish: dict[str, float] = {}
+    real: dict[str, str | None] = {}  # the stream whose work a value waits for (views do no work)
     for v in order:
         d = g.nodes[v]
         if choice is not None and not compatible(ctx_choice, d["ctx"]):
             continue
+        preds = [u for u in g.predecessors(v) if u in finish]
+        if d["op"].op in VIEW_OPS:
+            last = max(preds, key=lambda u: finish[u], default=None)
+            finish[v] = finish[last] if last is not None else 0.0
+            real[v] = real[last] if last is not None else None
+            continue
         s = d["stream"]
         start = free.get(s, 0.0)
-        for u in g.predecessors(v):
-            if u in finish:
-                extra = event_us if g.nodes[u]["stream"] != s else 0.0
-                start = max(start, finish[u] + extra)
+        for u in preds:
+            extra = event_us if real[u] not in (None, s) else 0.0
+            start = max(start, finish[u] + extra)
         finish[v] = start + costs[v]
         free[s] = finish[v]
+        real[v] = s
     span = max(finish.values(), default=0.0)
-    if any(g.nodes[v]["stream"] != "main" for v in finish):
+    if any(real.get(v) not in (None, "main") for v in finish):
         span += event_us  # the join back to the caller's stream
     return span, finish

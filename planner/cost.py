@@ -24,8 +24,8 @@ class DeviceProfile:
     name: str = "H200 (defaults)"
     bf16_tflops: float = 790.0       # dense bf16 matmul on random data
     hbm_gbps: float = 4230.0         # streaming read bandwidth
-    kernel_us: float = 2.0           # fixed cost of one small kernel in a graph
-    gemm_fixed_us: float = 4.0       # extra fixed cost of a GEMM (tail, tiles not filling the GPU)
+    kernel_us: float = 1.0           # fixed cost of one small kernel in a graph (launch gap)
+    gemm_fixed_us: float = 2.5       # extra fixed cost of a GEMM (tail, tiles not filling the GPU)
     coll_latency_us: float = 10.0    # one NCCL collective, small message
     coll_gbps: float = 220.0         # received bytes per second per rank (NVLink, NCCL)
     event_us: float = 1.0            # one cross-stream record+wait pair
