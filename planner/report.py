@@ -194,6 +194,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     L.append("")
     if fus == "disabled":
         L.append(st.bold("Collective fusion") + ": disabled")
+    elif isinstance(fus, dict) and not fus["before"]:
+        L.append(st.bold("Collective fusion") + ": the plan has no collectives")
     elif isinstance(fus, dict):
         L.append(st.bold("Collective fusion") + f": {fus['before']} collectives -> {fus['after']}")
         for b in fus["buckets"]:
