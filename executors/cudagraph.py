@@ -67,7 +67,11 @@ class GraphedExecutor:
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
+            # warm up the variants the capture will take (gates see capturing=True there): the
+            # first use of a library (cuBLAS handle, workspaces) on a stream must not be inside a capture
+            facts = ex.facts(static_in, dict(bindings), capturing=True)
             for _ in range(self.warmup):
+                ex(dims=dict(bindings), _facts=facts, **static_in)
                 ex(dims=dict(bindings), **static_in)
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()

@@ -356,6 +356,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     events = {}
     if device.type == "cuda":
         with torch.cuda.device(device):
+            # create the cuBLAS handle now: a first torch.mm inside someone's graph capture
+            # (e.g. a variant only captures take) would try to create it there and fail
+            torch.cuda.current_blas_handle()
             events = {e: torch.cuda.Event() for e in cp.events}
             events["entry"] = torch.cuda.Event()
     solver = DimSolver(plan, plan.inputs)
