@@ -345,8 +345,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         import json
         with open(tuning) as f:
             tuning = json.load(f)
-    if isinstance(tuning, dict) and isinstance(tuning.get("limits"), dict):
-        tuning = tuning["limits"]  # the `planner tune` file format: {"limits": {...}, "measured": {...}}
+    tuning_file = tuning if isinstance(tuning, dict) and "limits" in tuning else None
+    if tuning_file is not None:  # the `planner tune` file: {"limits", "backends", "measured", ...}
+        tuning = {k: v for k, v in tuning_file["limits"].items() if k in tuned}
     for k, v in (tuning or {}).items():
         if k not in tuned:
             raise BuildError(f"tuning sets '{k}' but the plan declares tuned limits {sorted(tuned)}")
@@ -363,10 +364,15 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
             events["entry"] = torch.cuda.Event()
     solver = DimSolver(plan, plan.inputs)
     dev_weights = {k: weights[k] for k in plan.weights}
+    ex = Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
+                  list(getattr(cp, "exit_waits", []) or []), trace)
+    if tuning_file is not None and tuning_file.get("backends"):
+        from .tune import apply_tuning
+        apply_tuning(ex, tuning_file)  # measured backend/config per gemm signature and M
     from .gemm_chain import fuse_gemm_chains
     fuse_gemm_chains(cp, steps, dev_weights, device)  # one-launch gemm -> slice -> gemm where the kernel exists
-    return Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
-                    list(getattr(cp, "exit_waits", []) or []), trace)
+    ex.backends = {s.id: s.backend for s in steps}
+    return ex
 
 
 def _lower_steps(cp, bctx, device, prefs) -> list[_Step]:
