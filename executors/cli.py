@@ -63,36 +63,76 @@ def _rank_body(rank, world, path, overrides, ns, device, check, num_tokens, seed
     tuning = dict(cfg.tuned) if cfg is not None and cfg.tuned else None
     report = run_check(lambda: load_plan(path, overrides), rank=rank, num_tokens=num_tokens, seed=seed, device=dev,
                        compare=check, config=cfg, tuning=tuning)
-    if ns.get("timeline") and rank == 0:
-        report["timeline"] = _timeline(load_plan(path, overrides), cfg, dev, num_tokens, seed, tuning, ns)
+    if ns.get("timeline"):
+        tl = _timeline(load_plan(path, overrides), cfg, dev, num_tokens, seed, tuning, ns, rank)
+        if tl is not None:
+            report["timeline"] = tl
     return report
 
 
-def _timeline(plan, cfg, dev, num_tokens, seed, tuning, ns) -> dict:
-    """One traced call after a warm-up; records drawn with planner.viz.timeline."""
+def _replay_records(ex, inputs: dict, b: dict, replays: int = 3) -> list[dict]:
+    """Capture one call in a CUDA graph (gates see capturing=True, as in production), replay it
+    under torch.profiler and return its kernels per stream as timeline records."""
     import json as _json
+    import tempfile
 
     import torch
+
+    from planner.viz.profiler_trace import records
+    dev = ex.device
+    static = {k: v.clone() for k, v in inputs.items()}
+    facts = ex.facts(static, b, capturing=True)
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm the variants the capture takes
+            ex(dims=b, _facts=facts, **static)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ex(dims=b, **static)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize(dev)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize(dev)
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/trace.json"
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = _json.load(f)
+    return records(trace)
+
+
+def _timeline(plan, cfg, dev, num_tokens, seed, tuning, ns, rank: int = 0) -> dict | None:
+    """One traced call after a warm-up (every rank runs it: collectives need all); rank 0 draws."""
+    import json as _json
 
     from .check import compile_for_run, make_data, pick_dims
     from .externs import default_externs
     from .lowering import build_executor
     b = pick_dims(plan, num_tokens, seed)
-    inputs, weights = make_data(plan, b, seed, 0, dev)
+    inputs, weights = make_data(plan, b, seed, rank, dev)
     cp = compile_for_run(plan, cfg)
     ex = build_executor(cp, weights, device=dev, externs=default_externs(plan), tuning=tuning, agree=False)
-    facts = ex.facts(inputs, b, capturing=True if ns.get("as_if_capturing") else None)
-    for _ in range(3):
-        ex(dims=b, _facts=facts, **inputs)
-    with ex.trace():
-        ex(dims=b, _facts=facts, **inputs)
-    if str(dev).startswith("cuda"):
-        torch.cuda.synchronize(dev)
-    recs = ex.last_trace
+    cuda = str(dev).startswith("cuda")
+    if cuda:
+        recs = _replay_records(ex, inputs, b)  # what the GPU did inside graph replays
+    else:
+        facts = ex.facts(inputs, b, capturing=True if ns.get("as_if_capturing") else None)
+        for _ in range(3):
+            ex(dims=b, _facts=facts, **inputs)
+        with ex.trace():
+            ex(dims=b, _facts=facts, **inputs)
+        recs = ex.last_trace
+    if rank != 0:
+        return None
     path = ns["timeline"]
     title = f"{plan.name}: {', '.join(f'{k}={v}' for k, v in b.items())}; variants " + ", ".join(
-        sorted(set(ex.last_variants.values())) or ["-"]) + (" (CUDA events)" if str(dev).startswith("cuda") else
-                                                           " (CPU wall clock: streams run in program order)")
+        sorted(set(ex.last_variants.values())) or ["-"]) + (" (kernels per stream in CUDA-graph replays, torch.profiler)"
+                                                           if cuda else " (CPU wall clock: streams run in program order)")
     if path.endswith(".json"):
         with open(path, "w") as f:
             _json.dump(recs, f, indent=1)
