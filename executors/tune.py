@@ -24,8 +24,8 @@ Tuning file (JSON):
 ``planner compile --tuning F`` reads "limits" into the gates and "measured" into the cost
 model. ``apply_tuning(executor, F)`` rewires every gemm step of a built executor to the
 tuned backend/config of its signature (per call, by M: the entry of the smallest tuned
-M >= this call's M); build_executor calls it when given a tuning file with "backends"
-(see the report: a 3-line hook in executors/lowering.py), and tuned_executor() does both.
+M >= this call's M); build_executor(..., tuning=F) calls it for a tuning file (one with a
+"limits" key) before fusing gemm chains on top; tuned_executor() is that call for any dict.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 
 __all__ = [
     "FORMAT_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "derive_limit",
-    "limit_gates", "parse_signature", "gemm_runner", "apply_tuning", "tuned_executor",
+    "limit_gates", "parse_signature", "gemm_runner", "apply_tuning", "tuned_executor", "tunable_shapes",
     "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate",
 ]
 
@@ -199,7 +199,7 @@ def apply_tuning(ex, tuning) -> int:
 
     Per step, entries whose signature matches the op's dtype, N and K are kept by M; a call
     with M uses the entry of the smallest tuned M >= M (the bucket its graph was captured
-    at), else the step's original runner. Safe to call twice (the original is kept)."""
+    at), else the step's previous runner. Steps of fused gemm chains are left alone."""
     table = (load_tuning(tuning) if tuning is not None else {}).get("backends") or {}
     if not table:
         return 0
@@ -217,8 +217,8 @@ def apply_tuning(ex, tuning) -> int:
     g = ex.compiled.graph
     count = 0
     for st in ex._steps:
-        if st.kind != "gemm" or st.run is None:
-            continue
+        if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
+            continue  # a fused gemm chain (executors.gemm_chain) keeps its kernel
         op = g.nodes[st.id]["op"]
         a_spec, w_spec = (ex._specs[n] for n in op.inputs())
         n, k = _static_int(w_spec.shape[0], params), _static_int(w_spec.shape[1], params)
@@ -227,7 +227,7 @@ def apply_tuning(ex, tuning) -> int:
             continue
         if getattr(op, "backend", "auto") not in (None, "auto"):
             continue  # an explicitly named backend wins over tuning
-        orig = getattr(st, "_untuned", None) or st.run
+        orig = st.run
         dt = torch_dtype(op.out_dtype or a_spec.dtype)
         runners = {m: gemm_runner(e["backend"], e.get("config"), dt) for m, e in entries.items()}
         ms = sorted(runners)
@@ -250,17 +250,26 @@ def apply_tuning(ex, tuning) -> int:
 
 
 def tuned_executor(compiled, weights, tuning=None, **kw):
-    """build_executor(compiled, weights, tuning=limits, **kw) + apply_tuning(backends)."""
+    """build_executor with a tuning file: its limits (those the plan declares) go to the gates and
+    its backends to apply_tuning, which build_executor calls before fusing gemm chains on top."""
     from .lowering import build_executor
     data = load_tuning(tuning) if tuning is not None else None
-    limits = dict(data.get("limits", {})) if data else None
-    if limits:
-        declared = set(compiled.plan.tuned)
-        limits = {k: v for k, v in limits.items() if k in declared}
-    ex = build_executor(compiled, weights, tuning=limits or None, **kw)
-    if data:
-        apply_tuning(ex, data)
-    return ex
+    if data is not None:
+        data = {**data, "limits": dict(data.get("limits") or {})}
+    return build_executor(compiled, weights, tuning=data, **kw)
+
+
+def tunable_shapes(ex) -> set:
+    """{(dtype, N, K)} of the gemm steps apply_tuning may rewire (fused chains excluded)."""
+    out = set()
+    g = ex.compiled.graph
+    for st in ex._steps:
+        if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
+            continue
+        op = g.nodes[st.id]["op"]
+        a_spec, w_spec = (ex._specs[n] for n in op.inputs())
+        out.add((a_spec.dtype, _static_int(w_spec.shape[0], ex.plan.params), _static_int(w_spec.shape[1], ex.plan.params)))
+    return out
 
 
 class ForcedGate:
@@ -503,9 +512,11 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
                 if rid != next(iter(regions)):   # regions alike (layers): refine on the first
                     continue
                 cur = time_graphs({vname: make(vname)}, iters=iters, trials=trials, nsets=nsets)[vname]
+                shapes = tunable_shapes(exs[0])
                 for sig in sigs:
                     alt = alternatives.get(sig)
-                    if alt is None or sig not in table:
+                    parsed = parse_signature(sig)
+                    if alt is None or sig not in table or parsed is None or (parsed[0],) + parsed[2:] not in shapes:
                         continue
                     old = dict(table[sig])
                     table[sig] = {"backend": alt[0], "config": alt[1]}
