@@ -44,9 +44,10 @@ def _chain_of(cp, steps_by_id, st_b):
     return st_a, sum(widths[:idx])
 
 
-def fuse_gemm_chains(cp, steps, weights: dict, device) -> list[tuple[str, str]]:
-    """Rewire eligible chains in place; returns [(first gemm id, second gemm id)]."""
-    if device.type != "cuda":
+def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None) -> list[tuple[str, str]]:
+    """Rewire eligible chains in place; returns [(first gemm id, second gemm id)].
+    `prefs` (the executor's backend_prefs) without "cute" turns the peephole off."""
+    if device.type != "cuda" or (prefs is not None and "cute" not in prefs):
         return []
     from . import cute
     if not cute.available() or not hasattr(cute, "kda_fused_step"):

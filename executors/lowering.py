@@ -370,7 +370,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         from .tune import apply_tuning
         apply_tuning(ex, tuning_file)  # measured backend/config per gemm signature and M
     from .gemm_chain import fuse_gemm_chains
-    fuse_gemm_chains(cp, steps, dev_weights, device)  # one-launch gemm -> slice -> gemm where the kernel exists
+    fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs)  # one-launch gemm -> slice -> gemm
     ex.backends = {s.id: s.backend for s in steps}
     return ex
 

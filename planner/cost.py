@@ -29,6 +29,10 @@ class DeviceProfile:
     coll_latency_us: float = 10.0    # one NCCL collective, small message
     coll_gbps: float = 220.0         # received bytes per second per rank (NVLink, NCCL)
     event_us: float = 1.0            # one cross-stream record+wait pair
+    # torch elementwise kernels writing into a row-strided slot of a packed buffer vectorize
+    # worse: add into a [2048, 4x7168] slot 55 us vs 30 us contiguous on H200
+    # (results/sp_gather/2026-11-30_h200_strided_add.txt)
+    strided_write_factor: float = 1.83
     measured: dict = field(default_factory=dict)  # op signature -> {bucket: us}
 
     @classmethod

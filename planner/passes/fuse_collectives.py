@@ -27,6 +27,16 @@ from ..shapes import DTYPES
 
 NAME = "fuse-collectives"
 INPLACE_WRITERS = {"gemm", "add", "copy"}
+# tensor-sized passes an elementwise producer makes (add: read a, read b, write out); a GEMM
+# writes its tiles with a row stride at no extra cost, an elementwise kernel into a strided
+# slot does not vectorize (profile.strided_write_factor)
+ELEMENTWISE_PASSES = {"add": 3, "copy": 2}
+
+
+def _strided_write_pays(op_kind: str, cfg) -> bool:
+    """In place beats producing contiguously and copying in the pack (2 passes)."""
+    k = ELEMENTWISE_PASSES.get(op_kind)
+    return k is None or (cfg.profile.strided_write_factor - 1.0) * k < 2.0
 
 
 def _pack_dim(specs, probes, coll_dim: int | None):
@@ -176,7 +186,9 @@ def _can_write_in_place(cp: Compiled, cfg, x: str, ctx) -> bool:
     if cfg.packing == "cat" or t.producer is None or t.alias_of:
         return False
     d = cp.graph.nodes[t.producer]
-    return d["op"].op in INPLACE_WRITERS and len(d["op"].out) == 1 and d["ctx"] == ctx
+    kind = d["op"].op
+    return (kind in INPLACE_WRITERS and len(d["op"].out) == 1 and d["ctx"] == ctx
+            and (cfg.packing == "inplace" or _strided_write_pays(kind, cfg)))
 
 
 def _estimate(cp: Compiled, cfg, model, members, binding) -> tuple[float, float]:
@@ -229,19 +241,23 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
         if cfg.packing == "cat":
             why = "packing=cat requested"
         elif prod is None:
-            why = f"'{x}' is a plan {t.kind}"
+            why = f"plan {t.kind}s"
         else:
             pop = g.nodes[prod]["op"]
             if pop.op not in INPLACE_WRITERS:
-                why = f"'{x}' is made by {pop.op} '{prod}', which cannot write into a slot"
+                why = f"made by {pop.op}, which cannot write into a slot"
             elif t.alias_of or len(pop.out) != 1:
-                why = f"'{x}' is a view"
+                why = "views of other tensors"
             elif g.nodes[prod]["ctx"] != ctx:
-                why = f"'{x}' is made inside a variant"
+                why = "made inside a variant"
             elif xs.count(x) > 1:
-                why = f"'{x}' appears twice in the bucket"
+                why = "twice in the bucket"
             elif any(g.nodes[s]["op"].op == "view" for s in g.successors(prod)):
-                why = f"'{x}' is reshaped by a view, which needs it contiguous"
+                why = "reshaped by a view, which needs them contiguous"
+            elif cfg.packing != "inplace" and not _strided_write_pays(pop.op, cfg):
+                f = cfg.profile.strided_write_factor
+                why = (f"made by {pop.op}: an elementwise write into a strided slot costs {f:g}x a contiguous"
+                       " one, so producing contiguously and copying in the pack is cheaper")
         (copied if why else inplace).append((x, why))
     # offsets along the pack dim
     offset = 0
@@ -273,14 +289,17 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
     from ..shapes import nbytes_at
     upper = {k: d.hi for k, d in cp.plan.dims.items()}
     n_in = len(inplace)
+    reasons: dict[str, list] = {}
+    for x, w in copied:
+        reasons.setdefault(w, []).append(x)
+    copied_text = "; ".join(f"{', '.join(names)} ({w})" for w, names in reasons.items())
     if n_in == len(xs):
         form, why = "inplace", "every producer writes straight into its slot of the packed buffer (no cat copy)"
     elif n_in:
         form = "mixed"
-        why = (f"{n_in} of {len(xs)} written in place ({', '.join(x for x, _ in inplace)}); copied: "
-               + "; ".join(w for _, w in copied))
+        why = f"{n_in} of {len(xs)} written in place ({', '.join(x for x, _ in inplace)}); copied: {copied_text}"
     else:
-        form, why = "cat", "cat copy: " + "; ".join(w for _, w in copied)
+        form, why = "cat", "cat copy of " + copied_text
     return {
         "id": bid, "kind": coll.op, "group": coll.group, "dim": coll_dim, "pack_dim": p,
         "members": list(members), "tensors": xs, "packing": form, "why": why,
