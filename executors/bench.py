@@ -132,21 +132,11 @@ def time_graphs_dist(fns: dict, iters=20, trials=5, warmup=2, nsets=2) -> dict:
     rank's median (all ranks get the same numbers)."""
     import torch
     import torch.distributed as dist
+
+    from .tune import capture_steps
     graphs = {}
     for name, f in fns.items():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(warmup):
-                for i in range(nsets):
-                    f(i)
-        torch.cuda.synchronize()
-        dist.barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for i in range(iters):
-                f(i)
-        torch.cuda.synchronize()
+        g = capture_steps(f, iters, warmup, nsets, sync=dist.barrier)
         g.replay()
         torch.cuda.synchronize()
         graphs[name] = g

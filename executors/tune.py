@@ -41,7 +41,7 @@ from pathlib import Path
 __all__ = [
     "FORMAT_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "derive_limit",
     "limit_gates", "parse_signature", "gemm_runner", "apply_tuning", "tuned_executor", "tunable_shapes",
-    "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate",
+    "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate", "capture_steps",
 ]
 
 FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
@@ -323,6 +323,27 @@ def cand_label(backend: str, config: dict | None) -> str:
     return backend
 
 
+def capture_steps(f, iters: int, warmup: int, nsets: int, sync=None):
+    """One CUDA graph of `iters` steps f(i) (step i uses weight set i % nsets), captured on a side
+    stream after `warmup` rounds over every set; `sync` (e.g. a barrier) runs just before capture."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            for i in range(nsets):
+                f(i)
+    torch.cuda.synchronize()
+    if sync is not None:
+        sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for i in range(iters):
+            f(i)
+    torch.cuda.synchronize()
+    return g
+
+
 def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, nsets: int = 4) -> dict:
     """fns: {name: f(i)} where step i uses weight set i % nsets. One graph of `iters` steps per
     name, captured on a side stream after warm-ups; replays alternate order; median us/step."""
@@ -341,18 +362,7 @@ def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, ns
         return res
     graphs = {}
     for name, f in fns.items():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(warmup):
-                for i in range(nsets):
-                    f(i)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for i in range(iters):
-                f(i)
-        torch.cuda.synchronize()
+        g = capture_steps(f, iters, warmup, nsets)
         g.replay()
         g.replay()
         graphs[name] = g
