@@ -3,8 +3,11 @@
 # DeviceProfile.strided_write_factor to 1.0 (strided adds cost what contiguous ones do
 # with the CuTe strided add), so packing=auto writes the add producers in place.
 import inspect
+
 import planner.cost as c
+
 p = inspect.signature(c.DeviceProfile.__init__).parameters
 n = [k for k in p if p[k].default is not inspect.Parameter.empty]
-d = list(c.DeviceProfile.__init__.__defaults__); d[n.index("strided_write_factor")] = 1.0
+d = list(c.DeviceProfile.__init__.__defaults__)
+d[n.index("strided_write_factor")] = 1.0
 c.DeviceProfile.__init__.__defaults__ = tuple(d)
