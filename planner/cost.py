@@ -16,7 +16,7 @@ from .errors import PlanError
 from .expr import eval_int
 from .shapes import DTYPES
 
-__all__ = ["DeviceProfile", "CostModel", "op_signature"]
+__all__ = ["DeviceProfile", "CostModel", "op_signature", "default_strided_write_factor"]
 
 
 @dataclass
@@ -29,10 +29,10 @@ class DeviceProfile:
     coll_latency_us: float = 10.0    # one NCCL collective, small message
     coll_gbps: float = 220.0         # received bytes per second per rank (NVLink, NCCL)
     event_us: float = 1.0            # one cross-stream record+wait pair
-    # torch elementwise kernels writing into a row-strided slot of a packed buffer vectorize
-    # worse: add into a [2048, 4x7168] slot 55 us vs 30 us contiguous on H200
-    # (results/sp_gather/2026-11-30_h200_strided_add.txt)
-    strided_write_factor: float = 1.83
+    # cost of an elementwise write into a row-strided slot of a packed buffer, relative to a
+    # contiguous one: 1.05 with the CuTe strided add (executors/cute/elementwise.py), 1.83 with
+    # torch's elementwise kernels (results/strided_add/2026-11-30_h200x2.md)
+    strided_write_factor: float = field(default_factory=lambda: default_strided_write_factor())
     measured: dict = field(default_factory=dict)  # op signature -> {bucket: us}
 
     @classmethod
@@ -56,6 +56,16 @@ class DeviceProfile:
         d = asdict(self)
         d.pop("measured")
         return d
+
+
+def default_strided_write_factor() -> float:
+    """1.05 where the CuTe strided add can run (cutlass installed), else torch's 1.83."""
+    import importlib.util
+    try:
+        has_cutlass = importlib.util.find_spec("cutlass") is not None
+    except (ImportError, ValueError):
+        has_cutlass = False
+    return 1.05 if has_cutlass else 1.83
 
 
 def op_signature(op, specs_in, bindings) -> str:

@@ -278,3 +278,16 @@ ops:
     assert f["after"] == 2 and "unprofitable" in f["not_fused"][-1]["reason"]
     f = fusion(compiled(tmp_path, body, H))
     assert f["after"] == 1 and f["buckets"][0]["estimate"]["packed_us"] < f["buckets"][0]["estimate"]["separate_us"]
+
+
+@pytest.mark.parametrize("factor, form", [(1.05, "inplace"), (1.83, "cat")])
+def test_zero_copy_follows_the_strided_write_cost(tmp_path, factor, form):
+    body = """
+outputs: [a, b]
+ops:
+  - a: all_gather(add(x, x), tp)
+  - b: all_gather(add(y, y), tp)
+"""
+    cfg = CompileConfig(profile=DeviceProfile(strided_write_factor=factor), verify_each=True)
+    (b,) = fusion(compiled(tmp_path, body, H, cfg=cfg))["buckets"]
+    assert b["packing"] == form, b["why"]
