@@ -192,11 +192,10 @@ def _fn_name(cfg: Config, n: int, k: int, arch: str) -> tuple[str, str]:
     return "skinny_" + hashlib.sha256(tag.encode()).hexdigest()[:20], tag
 
 
-def _compile(cfg: Config, n: int, k: int, arch: str | None, use_disk: bool = True):
-    from . import kernels
+def disk_cached(fname: str, tag: str, build, use_disk: bool = True):
+    """The compiled function `fname` from the disk cache, else build() it and export it there.
 
-    arch = arch or _device_arch()
-    fname, tag = _fn_name(cfg, n, k, arch)
+    One mechanism for every kernel family (GEMMs, the fused step, elementwise)."""
     path = cache_dir() / f"{fname}.o"
     if use_disk and path.exists():
         try:
@@ -206,7 +205,7 @@ def _compile(cfg: Config, n: int, k: int, arch: str | None, use_disk: bool = Tru
             return getattr(mod, fname)
         except Exception:
             pass  # stale or broken file: recompile
-    fn = kernels.compile_tvm_ffi(cfg, n, k, extra_options=f"--gpu-arch {arch}")
+    fn = build()
     if use_disk:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,17 +219,29 @@ def _compile(cfg: Config, n: int, k: int, arch: str | None, use_disk: bool = Tru
     return fn
 
 
-def get_kernel(cfg: Config, n: int, k: int, arch: str | None = None):
-    """Compiled TVM-FFI callable ``fn(x, w, out)`` for this config and shape (cached)."""
-    key = (cfg, n, k, arch)
+def memoized(key, make):
+    """In-process cache of compiled functions; cute.compile is not thread-safe, so one lock."""
     fn = _compiled.get(key)
     if fn is None:
-        with _lock:  # cute.compile is not thread-safe
+        with _lock:
             fn = _compiled.get(key)
             if fn is None:
-                fn = _compile(cfg, n, k, arch)
-                _compiled[key] = fn
+                fn = _compiled[key] = make()
     return fn
+
+
+def _compile(cfg: Config, n: int, k: int, arch: str | None, use_disk: bool = True):
+    from . import kernels
+
+    arch = arch or _device_arch()
+    fname, tag = _fn_name(cfg, n, k, arch)
+    return disk_cached(fname, tag, lambda: kernels.compile_tvm_ffi(cfg, n, k, extra_options=f"--gpu-arch {arch}"),
+                       use_disk)
+
+
+def get_kernel(cfg: Config, n: int, k: int, arch: str | None = None):
+    """Compiled TVM-FFI callable ``fn(x, w, out)`` for this config and shape (cached)."""
+    return memoized((cfg, n, k, arch), lambda: _compile(cfg, n, k, arch))
 
 
 def compile_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a") -> str:
@@ -329,41 +340,14 @@ def _compile_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int, arch:
     tag = (f"{cfg.key()}_n{n}_k{k}_a{a0}_nb{nb}_kb{kb}_{arch}_{_cutlass_version()}_"
            f"{_source_hash()}")
     fname = "kdafused_" + hashlib.sha256(tag.encode()).hexdigest()[:20]
-    path = cache_dir() / f"{fname}.o"
-    if use_disk and path.exists():
-        try:
-            import cutlass.cute as cute
-
-            mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-            return getattr(mod, fname)
-        except Exception:
-            pass
-    fn = kernels.compile_fused_tvm_ffi(cfg, n, k, a0, nb, kb, extra_options=f"--gpu-arch {arch}")
-    if use_disk:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".o")
-            os.close(fd)
-            fn.export_to_c(tmp, function_name=fname)
-            os.replace(tmp, path)
-            (path.parent / f"{fname}.txt").write_text(tag + "\n")
-        except Exception:
-            pass
-    return fn
+    return disk_cached(fname, tag, lambda: kernels.compile_fused_tvm_ffi(
+        cfg, n, k, a0, nb, kb, extra_options=f"--gpu-arch {arch}"), use_disk)
 
 
 def get_fused_kernel(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int,
                      arch: str | None = None):
     """Compiled TVM-FFI callable ``fn(x, w, out, w_fb, g1, counter)`` (cached)."""
-    key = ("fused", cfg, n, k, a0, nb, kb, arch)
-    fn = _compiled.get(key)
-    if fn is None:
-        with _lock:
-            fn = _compiled.get(key)
-            if fn is None:
-                fn = _compile_fused(cfg, n, k, a0, nb, kb, arch)
-                _compiled[key] = fn
-    return fn
+    return memoized(("fused", cfg, n, k, a0, nb, kb, arch), lambda: _compile_fused(cfg, n, k, a0, nb, kb, arch))
 
 
 def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb: int,

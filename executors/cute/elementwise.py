@@ -25,16 +25,13 @@ CUDA-graph capture work) and cached in process and on disk next to the GEMM kern
 
 
 import hashlib
-import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
 __all__ = ["supports_add", "strided_add", "add_config", "compile_add_for_arch", "get_add_kernel"]
 
 _lock = threading.Lock()
-_compiled: dict[tuple, Any] = {}
 
 
 def add_config(cols: int) -> tuple[int, int]:
@@ -194,46 +191,19 @@ def _tag(threads: int, vec: int, arch: str) -> tuple[str, str]:
 
 
 def _compile(threads: int, vec: int, arch: str | None, use_disk: bool = True):
-    from . import _device_arch, cache_dir
+    from . import _device_arch, disk_cached
 
     arch = arch or _device_arch()
     fname, tag = _tag(threads, vec, arch)
-    path = cache_dir() / f"{fname}.o"
-    if use_disk and path.exists():
-        try:
-            import cutlass.cute as cute
-
-            mod = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-            return getattr(mod, fname)
-        except Exception:
-            pass  # stale or broken file: recompile
-    fn = _compile_tvm_ffi(threads, vec, extra_options=f"--gpu-arch {arch}")
-    if use_disk:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".o")
-            os.close(fd)
-            fn.export_to_c(tmp, function_name=fname)
-            os.replace(tmp, path)
-            (path.parent / f"{fname}.txt").write_text(tag + "\n")
-        except Exception:
-            pass
-    return fn
+    return disk_cached(fname, tag, lambda: _compile_tvm_ffi(threads, vec, extra_options=f"--gpu-arch {arch}"),
+                       use_disk)
 
 
 def get_add_kernel(threads: int, vec: int, arch: str | None = None):
     """Compiled TVM-FFI callable ``fn(a, b, out)`` (cached in process and on disk)."""
-    key = ("add", threads, vec, arch)
-    fn = _compiled.get(key)
-    if fn is None:
-        from . import _lock as gemm_lock  # cute.compile is not thread-safe: share the GEMM lock
+    from . import memoized
 
-        with _lock, gemm_lock:
-            fn = _compiled.get(key)
-            if fn is None:
-                fn = _compile(threads, vec, arch)
-                _compiled[key] = fn
-    return fn
+    return memoized(("add", threads, vec, arch), lambda: _compile(threads, vec, arch))
 
 
 def compile_add_for_arch(threads: int = 128, vec: int = 1, arch: str = "sm_90a") -> str:
