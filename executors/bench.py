@@ -317,22 +317,13 @@ def _graph_check(ex, bind, ins, want, exact):
 
 
 def _eager_dist(fns, iters, trials):
-    import time
-
+    """Eager wall clock per step (barrier before each trial), max over ranks."""
     import torch
     import torch.distributed as dist
-    res = []
-    for f in fns.values():
-        f(0)
-        ts = []
-        for _ in range(trials):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for i in range(iters):
-                f(i)
-            ts.append((time.perf_counter() - t0) / iters * 1e6)
-        res.append(statistics.median(ts))
-    t = torch.tensor(res, dtype=torch.float64)
+
+    from .tune import eager_times
+    res = eager_times(fns, iters, trials, sync=dist.barrier)
+    t = torch.tensor([res[n] for n in fns], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return dict(zip(list(fns), t.tolist(), strict=True))
 

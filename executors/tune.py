@@ -41,7 +41,7 @@ from pathlib import Path
 __all__ = [
     "FORMAT_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "derive_limit",
     "limit_gates", "parse_signature", "gemm_runner", "apply_tuning", "tuned_executor", "tunable_shapes",
-    "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate", "capture_steps",
+    "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate", "capture_steps", "eager_times",
 ]
 
 FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
@@ -323,6 +323,24 @@ def cand_label(backend: str, config: dict | None) -> str:
     return backend
 
 
+def eager_times(fns: dict, iters: int, trials: int, sync=None) -> dict:
+    """Median wall-clock us per step of eager calls f(i), one warm-up call each; `sync`
+    (e.g. a barrier) runs before every trial. The CPU dry runs of tune and bench use it."""
+    res = {}
+    for name, f in fns.items():
+        f(0)
+        ts = []
+        for _ in range(trials):
+            if sync is not None:
+                sync()
+            t0 = time.perf_counter()
+            for i in range(iters):
+                f(i)
+            ts.append((time.perf_counter() - t0) / iters * 1e6)
+        res[name] = statistics.median(ts)
+    return res
+
+
 def capture_steps(f, iters: int, warmup: int, nsets: int, sync=None):
     """One CUDA graph of `iters` steps f(i) (step i uses weight set i % nsets), captured on a side
     stream after `warmup` rounds over every set; `sync` (e.g. a barrier) runs just before capture."""
@@ -349,17 +367,7 @@ def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, ns
     name, captured on a side stream after warm-ups; replays alternate order; median us/step."""
     import torch
     if not torch.cuda.is_available():  # CPU dry run: eager wall clock, same interface
-        res = {}
-        for name, f in fns.items():
-            f(0)
-            ts = []
-            for _ in range(trials):
-                t0 = time.perf_counter()
-                for i in range(iters):
-                    f(i)
-                ts.append((time.perf_counter() - t0) / iters * 1e6)
-            res[name] = statistics.median(ts)
-        return res
+        return eager_times(fns, iters, trials)
     graphs = {}
     for name, f in fns.items():
         g = capture_steps(f, iters, warmup, nsets)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from executors.bench import close_report, env_info, hbm_bandwidth, log, parse_tokens, write_report  # noqa: E402
-from executors.tune import ForcedGate, load_tuning, time_graphs, tuned_executor  # noqa: E402
+from executors.tune import ForcedGate, eager_times, load_tuning, time_graphs, tuned_executor  # noqa: E402
 from planner.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 
@@ -118,20 +117,6 @@ class Problem:
         for bufs in (self.y, self.q, self.fab, self.g1):
             for b in bufs:
                 b.fill_(float("nan"))
-
-
-def _eager_times(fns, iters, trials):
-    res = {}
-    for n, f in fns.items():
-        f(0)
-        ts = []
-        for _ in range(trials):
-            t0 = time.perf_counter()
-            for i in range(iters):
-                f(i)
-            ts.append((time.perf_counter() - t0) / iters * 1e6)
-        res[n] = statistics.median(ts)
-    return res
 
 
 COLS = [("M", "M", ""), ("seq_us", "before: seq torch", ".2f"), ("two_torch_us", "after: 2-stream torch", ".2f"),
@@ -222,7 +207,7 @@ def main() -> int:
 
         fns = {"seq": p.seq, "two_torch": p.two_torch, "compiled": lambda i, exs=exs, p=p: exs[i % NSETS](x=p.x),
                "forced_two_branch": forced("two_branch"), "forced_packed": forced("packed")}
-        t = _eager_times(fns, a.iters, a.trials) if cpu else time_graphs(fns, iters=a.iters, trials=a.trials, nsets=NSETS)
+        t = eager_times(fns, a.iters, a.trials) if cpu else time_graphs(fns, iters=a.iters, trials=a.trials, nsets=NSETS)
         row = {"M": m, **{f"{k}_us": round(v, 2) for k, v in t.items()}, "variant": variant, "limit": limit,
                "floor_us": None if floor is None else round(floor, 2),
                "compiled_over_floor": None if floor is None else round(t["compiled"] / floor, 3),

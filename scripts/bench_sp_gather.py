@@ -78,18 +78,8 @@ ops:
 
 def _time_eager(fns: dict, iters: int, trials: int, nsets: int) -> dict:
     """CPU dry run: wall clock of eager calls (no graphs), max over ranks."""
-    import statistics
-    res = {}
-    for n, f in fns.items():
-        f(0)
-        ts = []
-        for _ in range(trials):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for i in range(iters):
-                f(i)
-            ts.append((time.perf_counter() - t0) / iters * 1e6)
-        res[n] = statistics.median(ts)
+    from executors.tune import eager_times
+    res = eager_times(fns, iters, trials, sync=dist.barrier)
     med = torch.tensor([res[n] for n in fns], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return dict(zip(list(fns), med.tolist(), strict=True))

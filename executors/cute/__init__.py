@@ -248,12 +248,18 @@ def compile_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a") -> st
     """Compile without a GPU and return the PTX text."""
     from . import kernels
 
-    with _lock, tempfile.TemporaryDirectory() as d:
-        fn = kernels.compile_tvm_ffi(config, n, k,
-                                     extra_options=f"--gpu-arch {arch} --keep-ptx --dump-dir {d}")
-        ptx = fn.__ptx__
+    with _lock:
+        return ptx_of(lambda opts: kernels.compile_tvm_ffi(config, n, k, extra_options=opts), arch)
+
+
+def ptx_of(build, arch: str) -> str:
+    """PTX text of build(extra_options) compiled for `arch` with the PTX kept (no GPU needed).
+    The caller holds the compile lock."""
+    with tempfile.TemporaryDirectory() as d:
+        fn = build(f"--gpu-arch {arch} --keep-ptx --dump-dir {d}")
+        ptx = getattr(fn, "__ptx__", None)
         if ptx and not ptx.lstrip().startswith("//") and ".version" not in ptx:
-            p = Path(ptx)
+            p = Path(ptx)  # some versions give a path, others the text
             if p.exists():
                 ptx = p.read_text()
         if not ptx:
@@ -355,11 +361,8 @@ def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb:
     """Compile the fused kernel without a GPU and return the PTX text."""
     from . import kernels
 
-    with _lock, tempfile.TemporaryDirectory() as d:
-        kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb,
-                                      extra_options=f"--gpu-arch {arch} --keep-ptx --dump-dir {d}")
-        files = list(Path(d).glob("*.ptx"))
-        return files[0].read_text() if files else ""
+    with _lock:
+        return ptx_of(lambda opts: kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts), arch)
 
 
 def _workspace_for(device):

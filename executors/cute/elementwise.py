@@ -25,7 +25,6 @@ CUDA-graph capture work) and cached in process and on disk next to the GEMM kern
 
 
 import hashlib
-import tempfile
 import threading
 from pathlib import Path
 
@@ -209,18 +208,10 @@ def get_add_kernel(threads: int, vec: int, arch: str | None = None):
 def compile_add_for_arch(threads: int = 128, vec: int = 1, arch: str = "sm_90a") -> str:
     """Compile without a GPU and return the PTX text."""
     from . import _lock as gemm_lock
+    from . import ptx_of
 
-    with _lock, gemm_lock, tempfile.TemporaryDirectory() as d:
-        fn = _compile_tvm_ffi(threads, vec, extra_options=f"--gpu-arch {arch} --keep-ptx --dump-dir {d}")
-        ptx = getattr(fn, "__ptx__", None)
-        if ptx and not ptx.lstrip().startswith("//") and ".version" not in ptx:
-            p = Path(ptx)
-            if p.exists():
-                ptx = p.read_text()
-        if not ptx:
-            files = list(Path(d).glob("*.ptx"))
-            ptx = files[0].read_text() if files else ""
-    return ptx
+    with _lock, gemm_lock:
+        return ptx_of(lambda opts: _compile_tvm_ffi(threads, vec, extra_options=opts), arch)
 
 
 # --------------------------------------------------------------------------------------
