@@ -112,3 +112,4 @@ register("gemm", "flashinfer", supports=_fi_supports(None))(_fi_make(None))
 for _sub in FLASHINFER_SUBS:
     register("gemm", f"flashinfer:{_sub}", supports=_fi_supports(_sub))(_fi_make(_sub))
 from . import add_backends  # noqa: E402,F401  - the cute "add" backend registers itself
+from . import p2p  # noqa: E402,F401  - the NVLink copy-engine all_gather registers itself

@@ -50,6 +50,7 @@ def default_schedule(cp) -> list[str]:
 class _BuildCtx:
     def __init__(self, cp, device, comms, externs):
         self.params = cp.plan.params
+        self.dims = cp.plan.dims
         self.specs = cp.tensors
         self.device = device
         self._comms = comms
@@ -318,7 +319,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
       None uses the default group when torch.distributed is initialized (size-1 groups need none).
     externs: {extern fn name: callable(*tensors) -> tensor}; every extern the plan uses must be bound
       (executors.externs.default_externs gives deterministic stand-ins for test runs).
-    backend_prefs: backend priority for ops with backend 'auto' (default: cute, flashinfer, torch).
+    backend_prefs: backend priority for ops with backend 'auto' (default: cute, p2p, torch; flashinfer on request).
     tuning: {name: int} or a JSON file overriding plan.tuned (the limits gates read as tuned.NAME).
     agree: all-gather the plan hash before anything runs when the plan has collectives.
     """

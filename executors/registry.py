@@ -45,7 +45,7 @@ _REGISTRY: dict[tuple[str, str], Impl] = {}
 _LAZY: list[Callable[[], None]] = []
 _loaded_lazy = False
 # flashinfer is opt-in (backend_prefs or an op's backend field): its sub-backends want tuning first
-DEFAULT_PRIORITY = ("cute", "torch")
+DEFAULT_PRIORITY = ("cute", "p2p", "torch")
 
 
 def register(kind: str, backend: str, supports: Callable | None = None):

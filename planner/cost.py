@@ -2,7 +2,7 @@
 
 Defaults are an H200 as measured in shared/reference/kimi-k3.md (HBM read 4.23 TB/s,
 bf16 matmul ~790 TFLOP/s, NCCL all-gather over NVLink ~10 us latency and ~220 GB/s
-effective per rank). A tuning file's measured times override the model per
+effective per rank; the copy-engine p2p all-gather ~20 us and ~360 GB/s). A tuning file's measured times override the model per
 (op signature, dim bucket).
 """
 
@@ -28,6 +28,11 @@ class DeviceProfile:
     gemm_fixed_us: float = 2.5       # extra fixed cost of a GEMM (tail, tiles not filling the GPU)
     coll_latency_us: float = 10.0    # one NCCL collective, small message
     coll_gbps: float = 220.0         # received bytes per second per rank (NVLink, NCCL)
+    # all_gather by copy-engine pushes into symmetric memory (executors/p2p.py, taken for
+    # shards >= p2p_min_bytes inside CUDA graphs); 0 GB/s = not available
+    p2p_latency_us: float = 20.0     # two barriers + copy-engine start
+    p2p_gbps: float = 360.0          # received bytes per second per rank (H200 pair, 2026-11-30)
+    p2p_min_bytes: int = 2 << 20
     event_us: float = 1.0            # one cross-stream record+wait pair
     # cost of an elementwise write into a row-strided slot of a packed buffer, relative to a
     # contiguous one: 1.05 with the CuTe strided add (executors/cute/elementwise.py), 1.83 with
@@ -115,7 +120,10 @@ class CostModel:
                 received = nbytes(ins[0]) * (w - 1) / w
             else:
                 received = 2 * nbytes(ins[0]) * (w - 1) / w
-            return p.coll_latency_us + received / (p.coll_gbps * 1e3)
+            t = p.coll_latency_us + received / (p.coll_gbps * 1e3)
+            if k == "all_gather" and p.p2p_gbps > 0 and nbytes(ins[0]) >= p.p2p_min_bytes:
+                t = min(t, p.p2p_latency_us + received / (p.p2p_gbps * 1e3))
+            return t
         if k == "cat":
             moved = sum(nbytes(s) for s, name in zip(ins, op.xs, strict=True) if name not in op.inplace)
             return p.kernel_us + 2 * moved / (p.hbm_gbps * 1e3) if moved else 0.0

@@ -5,7 +5,10 @@ Paths per global token count T (tp = world size, each rank holds ceil(T/tp) rows
   separate   before: one all_gather per state, sliced to T                       (4 NCCL calls)
   hand_cat   after, as the seed PR wrote it: cat(states, -1), ONE all_gather, [:T], split
   compiled   plans/k3_sp_tail.yaml compiled (fused gather, cat packing: the states are
-             plan inputs) and run by build_executor
+             plan inputs) and run by build_executor with the default backends: the gather
+             is the "p2p" copy-engine push into symmetric memory when the GPUs reach each
+             other peer to peer (executors/p2p.py), NCCL otherwise
+  comp_nccl  the same compiled plan with the gather forced onto NCCL (backend_prefs without p2p)
   zc / cat   producer plan (each state = add(h, r), then gathered): compiled with
              packing=auto (the adds write straight into the packed buffer: zero-copy)
              vs packing=cat (adds, then a cat copy)
@@ -100,13 +103,16 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
     names = ["final", "aux2", "aux46", "aux90"]
     ov = {"tp_size": world, "hidden": H}
     ex = build_executor(compile_plan(load_plan(SP, ov)), {}, device=dev)
+    ex_nccl = build_executor(compile_plan(load_plan(SP, ov)), {}, device=dev, backend_prefs=("cute", "torch"))
     pfile = Path(args["tmp"]) / f"sp_produced_{world}_{H}.yaml"
     if rank == 0 or not pfile.exists():
         pfile.write_text(PRODUCED.format(hidden=H, tp=world))
     dist.barrier()
     ex_zc = build_executor(compile_plan(load_plan(pfile), CompileConfig(packing="auto")), {}, device=dev)
     ex_cat = build_executor(compile_plan(load_plan(pfile), CompileConfig(packing="cat")), {}, device=dev)
-    packing = {"compiled": ex.compiled.report.get("fuse-collectives"), "zc": ex_zc.compiled.report.get("fuse-collectives"),
+    gathers = {k: sorted({b for s, b in e.backends.items() if e.compiled.graph.nodes[s]["op"].op == "all_gather"})
+               for k, e in (("compiled", ex), ("comp_nccl", ex_nccl), ("zc", ex_zc), ("cat", ex_cat))}
+    packing = {"gather_backends": gathers, "compiled": ex.compiled.report.get("fuse-collectives"), "zc": ex_zc.compiled.report.get("fuse-collectives"),
                "cat": ex_cat.compiled.report.get("fuse-collectives")}
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     g = torch.Generator(device="cpu").manual_seed(1234 + rank)
@@ -138,6 +144,10 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
             out = ex(dims={"num_tokens": T}, **dict(zip(names, st[i % nsets], strict=True)))
             return {n: out[f"{n}_full"] for n in names}
 
+        def comp_nccl(i, st=st, T=T):
+            out = ex_nccl(dims={"num_tokens": T}, **dict(zip(names, st[i % nsets], strict=True)))
+            return {n: out[f"{n}_full"] for n in names}
+
         def produced(exe, hs=hs, rs=rs, T=T):
             def f(i):
                 ins = {f"h{j}": hs[i % nsets][j] for j in range(S)}
@@ -157,13 +167,13 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
         want_p = {f"s{j}": _gather_ref(hs[0][j] + rs[0][j], world)[:T] for j in range(S)}
         bad = []
         for name, fn, ref in (("separate", separate, want), ("hand_cat", hand_cat, want), ("compiled", compiled, want),
-                              ("zc", zc, want_p), ("cat", cat, want_p)):
+                              ("comp_nccl", comp_nccl, want), ("zc", zc, want_p), ("cat", cat, want_p)):
             got = fn(0)
             for k, v in ref.items():
                 if got[k].shape != v.shape or not torch.equal(got[k], v):
                     bad.append(f"{name}:{k}")
         if not cpu:  # the compiled plan from a captured graph, outputs poisoned before the replay
-            for name, fn, ref in (("compiled", compiled, want), ("zc", zc, want_p)):
+            for name, fn, ref in (("compiled", compiled, want), ("zc", zc, want_p), ("cat", cat, want_p)):
                 s_ = torch.cuda.Stream()
                 s_.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s_):
@@ -186,7 +196,8 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
         ok = int(flag.item()) == 0
         if not ok and args["strict"]:
             raise AssertionError(f"rank {rank} T={T}: mismatching outputs {bad}")
-        fns = {"separate": separate, "hand_cat": hand_cat, "compiled": compiled, "zc": zc, "cat": cat}
+        fns = {"separate": separate, "hand_cat": hand_cat, "compiled": compiled, "comp_nccl": comp_nccl, "zc": zc,
+               "cat": cat}
         if cpu:
             t = _time_eager(fns, args["iters"], args["trials"], nsets)
         else:
@@ -199,12 +210,13 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
                "hand_over_compiled": round(t["hand_cat"] / t["compiled"], 3),
                "separate_over_compiled": round(t["separate"] / t["compiled"], 3),
                "cat_over_zc": round(t["cat"] / t["zc"], 3),
+               "nccl_over_compiled": round(t["comp_nccl"] / t["compiled"], 3),
                "compiled_over_floor": None if not floor else round(t["compiled"] / floor, 3),
                "ok": ok, "bad": bad}
         rows.append(row)
         if rank == 0:
             log(f"[sp] T={T:5d}: separate {t['separate']:.1f}  hand_cat {t['hand_cat']:.1f}  compiled "
-                f"{t['compiled']:.1f}  zc {t['zc']:.1f}  cat {t['cat']:.1f} us; floor "
+                f"{t['compiled']:.1f}  comp_nccl {t['comp_nccl']:.1f}  zc {t['zc']:.1f}  cat {t['cat']:.1f} us; floor "
                 f"{'-' if floor is None else f'{floor:.1f}'} us; check {'ok' if ok else 'FAILED ' + str(bad)}")
         st = hs = rs = None
         if not cpu:
@@ -213,10 +225,11 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
 
 
 COLS = [("tokens", "T", ""), ("separate_us", "4 gathers", ".1f"), ("hand_cat_us", "hand cat+1", ".1f"),
-        ("compiled_us", "compiled", ".1f"), ("zc_us", "zero-copy (prod.)", ".1f"), ("cat_us", "cat-pack (prod.)", ".1f"),
+        ("compiled_us", "compiled", ".1f"), ("comp_nccl_us", "compiled, NCCL gather", ".1f"), ("zc_us", "zero-copy (prod.)", ".1f"), ("cat_us", "cat-pack (prod.)", ".1f"),
         ("floor_us", "floor", ".1f"), ("hand_over_compiled", "hand/comp (>=0.98)", ".3f"),
         ("separate_over_compiled", "4g/comp (>=2 @T<=256)", ".3f"), ("cat_over_zc", "cat/zc (>=1.05 @T>=1024)", ".3f"),
-        ("compiled_over_floor", "comp/floor (<=1.3 @4096)", ".3f"), ("ok", "check", "")]
+        ("compiled_over_floor", "comp/floor (<=1.3 @4096)", ".3f"),
+        ("nccl_over_compiled", "NCCL gather / compiled", ".3f"), ("ok", "check", "")]
 
 
 def _torchrun_main(args: dict) -> list:
