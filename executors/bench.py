@@ -129,7 +129,10 @@ def peer_bandwidth(src: int = 0, dst: int = 1, nbytes: int = 117 << 20) -> dict:
 def time_graphs_dist(fns: dict, iters=20, trials=5, warmup=2, nsets=2) -> dict:
     """As time_graphs, for paths with collectives: every rank captures the same graphs in the
     same order, a barrier precedes every trial, and the result is the max over ranks of each
-    rank's median (all ranks get the same numbers)."""
+    rank's median (all ranks get the same numbers). The start event is queued right behind a
+    one-element NCCL all_reduce, so every rank's timed replay starts when the slowest rank's
+    GPU arrives: host-side launch skew between ranks (tens of us, which over a 20-step graph
+    of a 10-20 us collective is 5-10% noise) stays out of the measurement."""
     import torch
     import torch.distributed as dist
 
@@ -142,10 +145,12 @@ def time_graphs_dist(fns: dict, iters=20, trials=5, warmup=2, nsets=2) -> dict:
         graphs[name] = g
     times = {n: [] for n in graphs}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    token = torch.zeros(1, device="cuda")
     for t in range(trials):
         for n in (list(graphs) if t % 2 == 0 else list(reversed(graphs))):
             dist.barrier()
             torch.cuda.synchronize()
+            dist.all_reduce(token)  # device-side rendezvous just before the start event
             e0.record()
             graphs[n].replay()
             e1.record()

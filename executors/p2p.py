@@ -3,9 +3,9 @@
 NCCL's ring all-gather moves 117 MB per rank at TP2 in ~550 us on an H200 pair, 1.7x the
 time of a plain peer copy (results/sp_gather/). Within one host every GPU can map its
 peers' memory, so the gather can be done the way a peer copy is: each rank pushes its
-shard with cudaMemcpyAsync (a copy engine, no SMs) straight into slot `rank` of every
-peer's output buffer, copies it into its own slot at the same time, and a barrier on
-each side fences the call (shards under MIN_BYTES go through NCCL, which is faster there):
+shard straight into slot `rank` of every peer's output buffer (cudaMemcpyAsync, i.e. a
+copy engine, for large shards; an SM kernel for small ones), copies it into its own slot
+at the same time, and a barrier on each side fences the call:
 
     barrier (channel 0)   every peer has finished with its previous output
     push x -> peer[p][rank] on one side stream per peer; own slot on the caller's stream
@@ -37,10 +37,24 @@ from .registry import register
 __all__ = ["P2PGather", "p2p_supports"]
 
 _TIMEOUT_MS = int(os.environ.get("PLANNER_P2P_TIMEOUT_MS", "60000"))
-# Below this many bytes per shard NCCL wins: the two barriers and the copy-engine start cost
-# ~20 us, NCCL's small-message protocol ~12 us. H200 pair, 2026-11-30 (results/sp_gather/):
-# T=32 (0.9 MB/shard) p2p 21.0 vs NCCL 17.6 us, T=128 (3.7 MB) 29.1 vs 36.3 us.
-MIN_BYTES = int(os.environ.get("PLANNER_P2P_MIN_BYTES", str(2 << 20)))
+# Measured on an H200 pair, 2026-11-30 (results/sp_gather/2026-11-30_h200x2_p2p_copy_modes.md), SP
+# tail gather per forward incl. the packing cat, us (NCCL / p2p copy-engine / p2p SM copies):
+#   T=8 (0.2 MB/shard) 9.7 / 17.8 / 9.6    T=128 (3.7 MB) 35.9 / 28.9 / 21.2
+#   T=1024 (29 MB) 155.2 / 114.9 / 114.0   T=4096 (117 MB) 542.7 / 383.9 / 436.7
+# so p2p everywhere (MIN_BYTES: shards below it use NCCL), SM copies below SM_BYTES (the copy
+# engines' start-up cost dominates small copies), copy engines above (they reach the link rate).
+MIN_BYTES = int(os.environ.get("PLANNER_P2P_MIN_BYTES", "0"))
+SM_BYTES = int(os.environ.get("PLANNER_P2P_SM_BYTES", str(16 << 20)))
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, sm: bool) -> None:
+    """dst <- src (flat uint8 views). copy_ of contiguous tensors is a cudaMemcpyAsync (copy
+    engine); an integer identity (x | 0) is the same bytes written by an SM kernel."""
+    if not sm:
+        dst.copy_(src)
+        return
+    w = torch.int32 if dst.numel() % 4 == 0 and dst.data_ptr() % 4 == 0 and src.data_ptr() % 4 == 0 else torch.uint8
+    torch.bitwise_or(src.view(w), 0, out=dst.view(w))
 
 
 def _symm():
@@ -71,14 +85,15 @@ class P2PGather:
         r, w = self.rank, self.world
         src = x.reshape(-1).view(torch.uint8)
         cur = torch.cuda.current_stream(self.device)
+        sm = n < SM_BYTES
         self.hdl.barrier(channel=0, timeout_ms=_TIMEOUT_MS)
         for p, s in self.side.items():
             s.wait_stream(cur)
             with torch.cuda.stream(s):
-                self.peers[p][r * n:(r + 1) * n].copy_(src)
+                _copy(self.peers[p][r * n:(r + 1) * n], src, sm)
         own = self.buf[r * n:(r + 1) * n]
         if own.data_ptr() != src.data_ptr():
-            own.copy_(src)
+            _copy(own, src, sm)
         for s in self.side.values():
             cur.wait_stream(s)
         self.hdl.barrier(channel=1, timeout_ms=_TIMEOUT_MS)

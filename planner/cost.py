@@ -2,7 +2,7 @@
 
 Defaults are an H200 as measured in shared/reference/kimi-k3.md (HBM read 4.23 TB/s,
 bf16 matmul ~790 TFLOP/s, NCCL all-gather over NVLink ~10 us latency and ~220 GB/s
-effective per rank; the copy-engine p2p all-gather ~20 us and ~360 GB/s). A tuning file's measured times override the model per
+effective per rank; the p2p all-gather ~7 us and ~350 GB/s). A tuning file's measured times override the model per
 (op signature, dim bucket).
 """
 
@@ -30,9 +30,9 @@ class DeviceProfile:
     coll_gbps: float = 220.0         # received bytes per second per rank (NVLink, NCCL)
     # all_gather by copy-engine pushes into symmetric memory (executors/p2p.py, taken for
     # shards >= p2p_min_bytes inside CUDA graphs); 0 GB/s = not available
-    p2p_latency_us: float = 20.0     # two barriers + copy-engine start
-    p2p_gbps: float = 360.0          # received bytes per second per rank (H200 pair, 2026-11-30)
-    p2p_min_bytes: int = 2 << 20
+    p2p_latency_us: float = 7.0      # two barriers + the copies' start
+    p2p_gbps: float = 350.0          # received bytes per second per rank (H200 pair, 2026-11-30)
+    p2p_min_bytes: int = 0
     event_us: float = 1.0            # one cross-stream record+wait pair
     # cost of an elementwise write into a row-strided slot of a packed buffer, relative to a
     # contiguous one: 1.05 with the CuTe strided add (executors/cute/elementwise.py), 1.83 with

@@ -55,11 +55,10 @@ def test_buffer_is_sized_for_the_largest_dims():
 
 # ---------------------------------------------------------------------------------- 2 GPUs
 
-def _ranks_body(rank, world, tokens, min_bytes):
+def _ranks_body(rank, world, tokens, sm_bytes):
     import executors.p2p as p2p
     from executors import build_executor
-    if min_bytes is not None:
-        p2p.MIN_BYTES = min_bytes
+    p2p.MIN_BYTES, p2p.SM_BYTES = 0, sm_bytes
     from executors.cudagraph import GraphedExecutor
     dev = torch.device("cuda", rank)
     names = ["final", "aux2", "aux46", "aux90"]
@@ -90,11 +89,23 @@ def _ranks_body(rank, world, tokens, min_bytes):
 
 @pytest.mark.gpu
 @two_gpus
-@pytest.mark.parametrize("min_bytes", [None, 0])  # default threshold; p2p for every size (ragged T too)
-def test_p2p_gather_bit_exact_eager_and_graphed(min_bytes):
+@pytest.mark.parametrize("sm_bytes", [0, 1 << 40])  # copy engines only / SM copies only; ragged T too
+def test_p2p_gather_bit_exact_eager_and_graphed(sm_bytes):
     from executors.dist import run_ranks
-    res = run_ranks(_ranks_body, 2, [8, 33, 1024, 4096], min_bytes, backend="nccl", timeout_s=300,
+    res = run_ranks(_ranks_body, 2, [8, 33, 1024, 4096], sm_bytes, backend="nccl", timeout_s=300,
                     coll_timeout_s=120)
     for r in res:
         assert r["backends"] == ["p2p"], r
         assert r["bad"] == [], r
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 1000, 4099])
+@pytest.mark.parametrize("sm", [False, True])
+def test_copy_is_bit_exact_both_ways(n, sm):
+    from executors.p2p import _copy
+    a = torch.randn(n).bfloat16()
+    special = torch.tensor([-0.0, float("nan"), float("inf"), -float("inf"), 1e-40]).bfloat16()
+    a[: min(n, 5)] = special[: min(n, 5)]
+    b = torch.full_like(a, 7.0)
+    _copy(b.view(torch.uint8), a.view(torch.uint8), sm)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
