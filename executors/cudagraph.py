@@ -18,7 +18,9 @@ holds, so such inputs must already come at the bucket's shape (pass dims= with t
 padded token count, as vLLM pads num_tokens before sp_shard); otherwise an error.
 
 Returned tensors are views of the graph's static outputs: the next replay of the
-same bucket overwrites them (clone_outputs=True copies).
+same bucket overwrites them (clone_outputs=True copies). Outputs that come from a `p2p`
+all_gather (executors/p2p.py) live in that op's one symmetric buffer, so the next replay
+of any bucket overwrites those.
 """
 
 from __future__ import annotations
