@@ -417,6 +417,73 @@ def needed_fused():
     return sorted(need, key=lambda c: c.key())
 
 
+# ---- variant sweep (2026-11-30 run7): L2 bulk prefetch, tile shapes, launch attributes ----
+VSWEEP_MS = (1, 4, 8, 9, 12, 16)
+# run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
+# faster (results/kda_kernels/2026-11-30_h200_run7_variants.md); run8 times consumer passes
+VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
+    (2, 8, 4, 2, 1, {}),
+    (2, 8, 4, 2, 4, {}),
+    (2, 8, 4, 1, 8, {}),
+    (2, 8, 4, 2, 4, {"carve": 0}),
+]
+VSWEEP_STREAM = [(2, 8, 4, 0), (1, 4, 4, 0)]  # (tiles, warps_k, unroll, pf)
+
+
+def vsweep_fused(m):
+    mt = 8 if m <= 8 else 16
+    out = []
+    for t, wk, u, fb, fp, extra in VSWEEP_FUSED:
+        c = Config("fused", m_tile=mt, tiles=t, warps_k=wk, unroll=u, fb_tiles=fb, fb_passes=fp, **extra)
+        if ec.check_fused(c, m, NP, H, NQ, NFB, NFA) is None:
+            out.append(c)
+    return out
+
+
+def vsweep_stream(m):
+    mt = 8 if m <= 8 else 16
+    out = [Config("stream", m_tile=mt, tiles=t, warps_k=wk, unroll=u, pf=pf) for t, wk, u, pf in VSWEEP_STREAM]
+    return [c for c in out if c.check(m, NP, H) is None]
+
+
+def variant_sweep(out_dir, floor_us, t0):
+    res = {}
+    for m in VSWEEP_MS:
+        p = Problem(m)
+        fcands, scands = vsweep_fused(m), vsweep_stream(m)
+        # correctness of every candidate first (poisoned outputs, fp32 reference)
+        for c in fcands:
+            p.y[0].fill_(float("nan"))
+            p.g1[0].fill_(float("nan"))
+            p.make_fused(c)(0)
+            torch.cuda.synchronize()
+            ref = p.x.float() @ p.wp[0].float().t()
+            check(p.y[0], ref, f"vsweep {c.key()} M={m} out")
+            check(p.g1[0], ref[:, NQ:NQ + NFA] @ p.wfb[0].float().t(), f"vsweep {c.key()} M={m} g1")
+        for c in scands:
+            verify_cfg(p, "packed", c)
+        fns = {c.key(): p.make_fused(c) for c in fcands}
+        fns.update({"alone_" + c.key(): p.single("packed", c) for c in scands})
+        fns["e_packed_default"] = p.make_packed_cute(ec.default_config(m, NP, H),
+                                                     ec.default_config(m, NFB, NFA))
+        fns["f_fused_default"] = p.make_fused(None)
+        t = time_graph(fns, iters=20, trials=7)
+        res[m] = {k: round(v, 2) for k, v in t.items()}
+        top = sorted(t.items(), key=lambda kv: kv[1])
+        log(f"vsweep M={m}: " + "  ".join(f"{k} {v:.2f}" for k, v in top) + f"  [{time.time() - t0:.0f}s]")
+        del p
+        torch.cuda.empty_cache()
+    names = sorted({k for r in res.values() for k in r}, key=lambda k: (res[16].get(k, 1e9), res[8].get(k, 1e9)))
+    lines = [f"floor {floor_us:.2f} us; us per step (CUDA-graph replay, 20 steps, 4 weight sets, median of 7)",
+             "", "| config | " + " | ".join(f"M={m}" for m in VSWEEP_MS) + " |",
+             "|---|" + "---:|" * len(VSWEEP_MS)]
+    for k in names:
+        lines.append(f"| {k} | " + " | ".join(f"{res[m][k]:.2f}" if k in res[m] else "-" for m in VSWEEP_MS) + " |")
+    (out_dir / "variant_sweep.md").write_text("\n".join(lines) + "\n")
+    log("\n".join(lines))
+    return res
+
+
 def precompile(arch="sm_90a", sweep=True):
     """Compile everything into the disk cache without a GPU (carry it to the GPU machine)."""
     need = needed_configs() if sweep else sorted(
@@ -429,13 +496,38 @@ def precompile(arch="sm_90a", sweep=True):
         if i % 20 == 0:
             log(f"precompiled {i + 1}/{len(need)} [{time.time() - t0:.0f}s]")
     fused = needed_fused()
+    if VARIANT_PRECOMPILE:
+        fused = sorted(set(fused) | {c for m in (8, 16) for c in vsweep_fused(m)}, key=lambda c: c.key())
+        for c in sorted({c for m in (8, 16) for c in vsweep_stream(m)}, key=lambda c: c.key()):
+            ec.get_kernel(c, NP, H, arch=arch)
     for c in fused:
         ec.get_fused_kernel(c, NP, H, NQ, NFB, NFA, arch=arch)
     log(f"precompiled {len(need)} + {len(fused)} fused kernels into {ec.cache_dir()} "
         f"in {time.time() - t0:.0f}s")
 
 
+VARIANT_PRECOMPILE = False
+
+
+def profile_once(specs):
+    """Launch each (M, config-or-None) twice (for an external profiler such as ncu);
+    None = the packed stream default + F_B (two launches)."""
+    for m, c in specs:
+        p = Problem(m)
+        for _ in range(2):
+            if c is None:
+                p.make_packed_cute(ec.default_config(m, NP, H), ec.default_config(m, NFB, NFA))(0)
+            elif c.kind == "stream":
+                p.single("packed", c)(0)
+            else:
+                p.make_fused(c)(0)
+        torch.cuda.synchronize()
+        log(f"profiled M={m} {c.key() if c else 'packed default + F_B'}")
+        del p
+
+
 def main():
+    global VARIANT_PRECOMPILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "results/kda_kernels"))
     ap.add_argument("--quick", action="store_true")
@@ -443,11 +535,23 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--precompile", action="store_true", help="fill the disk cache, no GPU")
     ap.add_argument("--fused-sweep", action="store_true", help="time fused configs at M=8, 16")
+    ap.add_argument("--profile-once", default="",
+                    help="M:fused-config-json;... launched twice each, for ncu (no timing)")
+    ap.add_argument("--variant-sweep", action="store_true",
+                    help="time the prefetch/tile/launch-attribute variants at M=1,4,8,12,16 only")
     args = ap.parse_args()
+    VARIANT_PRECOMPILE = args.variant_sweep
     if args.precompile:
         precompile(sweep=not args.no_sweep)
         return
     assert ec.available(), "needs a cc>=9.0 GPU and cutlass"
+    if args.profile_once:
+        specs = []
+        for item in args.profile_once.split(";"):
+            m, _, js = item.partition(":")
+            specs.append((int(m), Config.from_dict(json.loads(js)) if js.strip() else None))
+        profile_once(specs)
+        return
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
     t0 = time.time()
@@ -462,6 +566,14 @@ def main():
               "cutlass_dsl": ec._cutlass_version(), "weight_bytes": WEIGHT_BYTES}
 
     log(f"== {dev}  torch {torch.__version__}  cutlass-dsl {ec._cutlass_version()}")
+    if args.variant_sweep:  # its own per-candidate correctness checks, then timing only
+        bw = read_bandwidth()
+        floor_us = WEIGHT_BYTES / (max(bw.values()) * 1e12) * 1e6
+        report.update(bandwidth=bw, floor_us=floor_us)
+        log(f"read bandwidth {json.dumps({k: round(v, 3) for k, v in bw.items()})} TB/s -> floor {floor_us:.2f} us")
+        report["variant_sweep"] = variant_sweep(out_dir, floor_us, t0)
+        (out_dir / "variant_sweep.json").write_text(json.dumps(report, indent=1, default=str))
+        return
     worst = correctness(list(range(1, 17)))
     report["correctness_worst_cos_rel"] = worst
     log(f"correctness M=1..16 (incl. graph on side stream) OK, worst: "

@@ -228,6 +228,27 @@ def test_fused_ptx(m):
     assert ".local" not in ptx
 
 
+def test_variant_knobs_compile():
+    """The run7/run8 experiment knobs (measured slower on the H200, kept selectable):
+    L2 bulk prefetch (pf), launch attributes (minb, carve), consumer passes (fb_passes)."""
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    from executors.cute.config import fused_grid
+
+    c = ec.Config("fused", m_tile=16, tiles=2, warps_k=8, unroll=4, fb_tiles=2, fb_passes=4, pf=2)
+    assert ec.check_fused(c, 16, NP, 7168, NQ, NFB, NFA) is None
+    assert fused_grid(c, NP, NQ, NFA, NFB)[3] == 3 and c.key().endswith("_pf2_fp4_pdl1")
+    ptx = ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+    assert "cp.async.bulk.prefetch.L2.global" in ptx
+    assert ptx.find("cp.async.bulk.prefetch") < ptx.find("griddepcontrol.wait")
+    assert ".local" not in ptx
+    s = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, minb=3, carve=0)
+    ptx = ec.compile_for_arch(s, NP, 7168, arch="sm_90a")
+    assert re.search(r"\.minnctapersm\s+3", ptx) and "griddepcontrol.wait" in ptx
+    assert ec.Config("stream", minb=9, warps_k=8).check(8, NP, 7168) is not None
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("m", ALL_M)

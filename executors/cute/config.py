@@ -45,6 +45,28 @@ class Config:
     pdl: bool = True
     # fused (whole KDA step): n8 tiles of the dependent GEMM (F_B) per consumer warp
     fb_tiles: int = 0
+    fb_passes: int = 1  # passes of fb_tiles n8 tiles per consumer warp (fewer consumer blocks)
+    # launch attributes (tensor-core kinds): minimum resident blocks per SM asked of
+    # ptxas (0 = none; caps registers) and preferred shared-memory carveout in percent
+    # (-1 = driver default; 0 = largest L1)
+    minb: int = 0
+    carve: int = -1
+    # tensor-core kinds: L2 bulk-prefetch distance in loop iterations (0 = none): the
+    # prologue prefetches iterations [0, pf) of every weight row, iteration it then
+    # prefetches it + pf (requests in flight without holding registers)
+    pf: int = 0
+
+    def _suffix(self) -> str:
+        s = ""
+        if self.minb:
+            s += f"_mb{self.minb}"
+        if self.carve >= 0:
+            s += f"_cv{self.carve}"
+        if self.pf:
+            s += f"_pf{self.pf}"
+        if self.fb_passes != 1:
+            s += f"_fp{self.fb_passes}"
+        return s
 
     def key(self) -> str:
         if self.kind == "split_n":
@@ -54,7 +76,7 @@ class Config:
                     f"_fb{self.fb_tiles}")
         else:
             body = f"m{self.m_tile}_t{self.tiles}_wn{self.warps_n}_wk{self.warps_k}_u{self.unroll}"
-        return f"{self.kind}_{body}_pdl{int(self.pdl)}"
+        return f"{self.kind}_{body}{self._suffix()}_pdl{int(self.pdl)}"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -85,8 +107,8 @@ class Config:
             return f"unknown kind {self.kind!r}"
         if m < 1 or m > self.m_tile:
             return f"M={m} outside 1..m_tile={self.m_tile}"
-        if self.kind == "fused" and (self.warps_n != 1 or self.fb_tiles < 1):
-            return "fused needs warps_n == 1 and fb_tiles >= 1"
+        if self.kind == "fused" and (self.warps_n != 1 or self.fb_tiles < 1 or self.fb_passes < 1):
+            return "fused needs warps_n == 1, fb_tiles >= 1 and fb_passes >= 1"
         allowed = (1, 2, 4, 8, 16) if self.kind == "split_n" else (8, 16)
         if self.m_tile not in allowed:
             return f"m_tile must be one of {allowed} for {self.kind}"
@@ -110,6 +132,10 @@ class Config:
             return f"K/32={steps} not divisible by warps_k*unroll={self.warps_k * self.unroll}"
         if self.threads(k) > 1024:
             return "more than 1024 threads"
+        if self.minb < 0 or self.minb * self.threads(k) > 2048 or not -1 <= self.carve <= 100:
+            return "minb * threads must be <= 2048 and carve in -1..100"
+        if self.pf < 0:
+            return "pf must be >= 0"
         return None
 
 
@@ -187,7 +213,7 @@ def fused_grid(cfg: Config, n: int, a0: int, kb: int, nb: int) -> tuple[int, int
     t_all = -(-n // rows)
     t0 = a0 // rows
     p = -(-(a0 + kb) // rows) - t0
-    c = -(-nb // (8 * cfg.fb_tiles * cfg.warps_k))
+    c = -(-nb // (8 * cfg.fb_tiles * cfg.fb_passes * cfg.warps_k))
     return t_all, t0, p, c
 
 
@@ -211,7 +237,9 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
 # The single fused kernel is used up to this M; above it (m_tile 16) the H200 run of
 # 2026-11-30 (results/kda_kernels/2026-11-30_h200_run5_fused.*) measured it 2-3 us SLOWER
 # than the two-launch path (packed stream kernel + F_B kernel, PDL chained), so
-# kda_fused_step falls back to that path there.
+# kda_fused_step falls back to that path there. run8 tested whether the 405-block grid not
+# fitting one wave (3 blocks/SM x 132 = 396) was the cause: with fb_passes = 4 (3 consumer
+# blocks, grid exactly 396) the kernel got SLOWER still (run8), so it is not.
 FUSED_MAX_M = 8
 
 

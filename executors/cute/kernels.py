@@ -79,6 +79,18 @@ def ld_l2_v4(addr: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=None, ip=None):
+    """If idx < limit: bulk prefetch of nbytes (multiple of 16, 16-byte aligned) into L2
+    (sm_90 TMA unit): puts requests in flight without holding registers."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip),
+                           Int32(idx).ir_value(loc=loc, ip=ip)],
+                    "{\n\t.reg .pred p;\n\tsetp.lt.u32 p, $2, " + str(int(limit)) + ";\n\t"
+                    "@p cp.async.bulk.prefetch.L2.global [$0], $1;\n\t}",
+                    "l,r,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
 def fence_acq_rel_gpu(*, loc=None, ip=None):
     llvm.inline_asm(None, [], "fence.acq_rel.gpu;", "", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
@@ -163,8 +175,39 @@ def dot_bf16x2(w: Int32, x: Int32, acc: Float32, *, loc=None, ip=None):
     return Float32(res)
 
 
+def _launch_attrs(cfg: Config) -> dict:
+    """Optional launch attributes of a tensor-core config (see Config.minb / carve)."""
+    kw = {}
+    if cfg.minb > 0:
+        kw["min_blocks_per_mp"] = cfg.minb
+        # an explicit carveout (-1 = the driver's default) keeps the DSL from asking the
+        # device for its shared-memory size, so this compiles without a GPU
+        kw["preferred_smem_carveout"] = -1
+    if cfg.carve >= 0:
+        kw["preferred_smem_carveout"] = cfg.carve
+    return kw
+
+
 def _imin(a, b):
     return cutlass.min(a, b)
+
+
+def _prefetch_rows(w_base, n_tile0, lane, k0, R: int, N: int, K: int):
+    """Byte address of (weight row n_tile0 + lane + 32 j, column k0) for the rows of this
+    warp's 8R-row tile that lane handles in L2 prefetches (one list entry per j)."""
+    out = []
+    for j in range((8 * R + 31) // 32):  # plain Python loop: unrolled at trace time
+        row = _imin(n_tile0 + lane + 32 * j, N - 1)
+        out.append((w_base + Int64(row) * (K * 2) + Int64(k0 * 2), lane + 32 * j, 8 * R))
+    return out
+
+
+def _prefetch_chunks(pf_row, R: int, lane, it0: int, it1: int, U: int):
+    """L2 bulk prefetch of K-iterations [it0, it1) (U 32-wide steps each) of every row
+    of the warp's tile: lane l < 8R issues row l (and l + 32, ...)."""
+    nbytes = (it1 - it0) * U * 64
+    for addr, idx, limit in pf_row:
+        prefetch_l2_bulk(addr + Int64(it0 * U * 64), Int32(nbytes), idx, limit)
 
 
 # --------------------------------------------------------------------------------------
@@ -184,6 +227,7 @@ def build_tc(cfg: Config, n: int, k: int):
     GRID = cfg.grid(n)
     OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
     PDL = cfg.pdl
+    PF = cfg.pf
     N = n
     K = k
 
@@ -213,6 +257,9 @@ def build_tc(cfg: Config, n: int, k: int):
                     regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * 64)))
             return regs
 
+        pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
+        if cutlass.const_expr(PF > 0):
+            _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
         w_cur = load_w(0)
         if cutlass.const_expr(PDL):
             cute.arch.griddepcontrol_wait()
@@ -242,6 +289,8 @@ def build_tc(cfg: Config, n: int, k: int):
         x_cur = load_x(0)
         acc = [[Float32(0.0)] * 4 for _ in range(R)]
         for it in cutlass.range_constexpr(NIT):
+            if cutlass.const_expr(PF > 0 and it + PF < NIT):
+                _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
             if cutlass.const_expr(it + 1 < NIT):
                 w_nxt = load_w(it + 1)
                 x_nxt = load_x(it + 1)
@@ -291,7 +340,7 @@ def build_tc(cfg: Config, n: int, k: int):
     @cute.jit
     def host(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, stream):
         kernel(mX, mW, mO).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1), stream=stream,
-                                  use_pdl=PDL)
+                                  use_pdl=PDL, **_launch_attrs(cfg))
 
     _ = ROWS_BLK
     return host
@@ -407,7 +456,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     GRID = T_ALL + C
     TOTAL = P + C
     SB = kb // 32
+    FP = cfg.fb_passes
     PDL = cfg.pdl
+    PF = cfg.pf
     N = n
     K = k
     NB = nb
@@ -452,6 +503,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * 64)))
                 return regs
 
+            pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
+            if cutlass.const_expr(PF > 0):
+                _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
             w_cur = load_w(0)
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
@@ -478,6 +532,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             x_cur = load_x(0)
             acc = [[Float32(0.0)] * 4 for _ in range(R)]
             for it in cutlass.range_constexpr(NIT):
+                if cutlass.const_expr(PF > 0 and it + PF < NIT):
+                    _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
                 if cutlass.const_expr(it + 1 < NIT):
                     w_nxt = load_w(it + 1)
                     x_nxt = load_x(it + 1)
@@ -516,15 +572,28 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     red_add_release_gpu(ctr, Int32(1))
         else:
             # ---------------- consumer part: g1 = f_a @ w_fb^T ----------------
+            # a warp owns FP passes of RB n8 tiles; pass 0's weights are loaded up front,
+            # later passes' rows are bulk-prefetched into L2 up front and loaded after the
+            # previous pass (FP > 1 keeps the consumer blocks few, so the grid fits one wave)
             cb = bid - T_ALL
-            row0 = (cb * WK + warp) * (8 * RB)
+            row0 = (cb * WK + warp) * (8 * RB * FP)
             wb_base = mWB.iterator.toint()
-            wv = []
-            for r in cutlass.range_constexpr(RB):
-                row = _imin(row0 + r * 8 + g, NB - 1)
-                ra = wb_base + Int64(row) * (KB * 2) + Int64(t * 16)
-                for sk in cutlass.range_constexpr(SB):
-                    wv.append(ld_weights_v4(ra + Int64(sk * 64)))
+
+            def load_wb(ps):
+                regs = []
+                for r in cutlass.range_constexpr(RB):
+                    row = _imin(row0 + (ps * RB + r) * 8 + g, NB - 1)
+                    ra = wb_base + Int64(row) * (KB * 2) + Int64(t * 16)
+                    for sk in cutlass.range_constexpr(SB):
+                        regs.append(ld_weights_v4(ra + Int64(sk * 64)))
+                return regs
+
+            wv = load_wb(0)
+            if cutlass.const_expr(FP > 1):
+                r1 = _imin(row0 + 8 * RB, NB - 1)
+                nrows = _imin(row0 + 8 * RB * FP, NB) - r1
+                if nrows > 0:
+                    prefetch_l2_bulk(wb_base + Int64(r1) * (KB * 2), Int32(nrows * (KB * 2)), lane, 1)
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
@@ -534,30 +603,35 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
             fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
-            acc = [[Float32(0.0)] * 4 for _ in range(RB)]
+            afr = []
             for sk in cutlass.range_constexpr(SB):
                 xg = ld_l2_v4(fg + Int64(sk * 64))
                 if cutlass.const_expr(MT == 16):
                     xh = ld_l2_v4(fh + Int64(sk * 64))
                 else:
                     xh = [Int32(0)] * 4
-                a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
+                afr.append([xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]])
+            for ps in cutlass.range_constexpr(FP):
+                if cutlass.const_expr(ps > 0):
+                    wv = load_wb(ps)
+                acc = [[Float32(0.0)] * 4 for _ in range(RB)]
+                for sk in cutlass.range_constexpr(SB):
+                    for r in cutlass.range_constexpr(RB):
+                        acc[r] = mma_k32(afr[sk], wv[r * SB + sk], acc[r])
                 for r in cutlass.range_constexpr(RB):
-                    acc[r] = mma_k32(a, wv[r * SB + sk], acc[r])
-            for r in cutlass.range_constexpr(RB):
-                for h in cutlass.range_constexpr(MT // 8):
-                    m = g + 8 * h
-                    for e in cutlass.range_constexpr(2):
-                        col = row0 + r * 8 + 2 * t + e
-                        if m < m_rows:
-                            if col < NB:
-                                mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+                    for h in cutlass.range_constexpr(MT // 8):
+                        m = g + 8 * h
+                        for e in cutlass.range_constexpr(2):
+                            col = row0 + (ps * RB + r) * 8 + 2 * t + e
+                            if m < m_rows:
+                                if col < NB:
+                                    mG[m, col] = acc[r][2 * h + e].to(BFloat16)
 
     @cute.jit
     def host(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mWB: cute.Tensor,
              mG: cute.Tensor, mC: cute.Tensor, stream):
         kernel(mX, mW, mO, mWB, mG, mC).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1),
-                                               stream=stream, use_pdl=PDL)
+                                               stream=stream, use_pdl=PDL, **_launch_attrs(cfg))
 
     return host
 
