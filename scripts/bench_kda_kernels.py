@@ -230,9 +230,19 @@ class Problem:
                     for _ in range(NSETS)]
         z = lambda n: [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(NSETS)]  # noqa: E731
         self.y, self.q, self.fab, self.g1 = z(NP), z(NQ), z(NFAB), z(NFB)
+        self._wpt = None
         self.aux = torch.cuda.Stream()
         self.ev = [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(64)]
         self.k = 0
+
+    @property
+    def wpt(self):  # the packed weights in the tiled layout (configs with wl=1), made once
+        if self._wpt is None:
+            self._wpt = [ec.tile_weights(w) for w in self.wp]
+        return self._wpt
+
+    def _w(self, cfg):
+        return self.wpt if cfg is not None and cfg.wl else self.wp
 
     def _fork_join(self, i, main_fn, aux_fn):
         cur = torch.cuda.current_stream()
@@ -277,18 +287,22 @@ class Problem:
 
     # (e)
     def make_packed_cute(self, cp, cb):
+        wp = self._w(cp)
+
         def run(i):
             j = i % NSETS
-            ec.skinny_gemm(self.x, self.wp[j], self.y[j], cp)
+            ec.skinny_gemm(self.x, wp[j], self.y[j], cp)
             ec.skinny_gemm(self.y[j][:, NQ:NQ + NFA], self.wfb[j], self.g1[j], cb)
 
         return run
 
     # (f)
     def make_fused(self, cf=None):
+        wp = self._w(cf)
+
         def run(i):
             j = i % NSETS
-            ec.kda_fused_step(self.x, self.wp[j], self.wfb[j], self.y[j], self.g1[j], fa_col=NQ,
+            ec.kda_fused_step(self.x, wp[j], self.wfb[j], self.y[j], self.g1[j], fa_col=NQ,
                               config=cf)
 
         return run
@@ -299,7 +313,7 @@ class Problem:
             if which == "qkvg":
                 x, w, o = self.x, self.wp[j][:NQ], self.q[j]
             elif which == "packed":
-                x, w, o = self.x, self.wp[j], self.y[j]
+                x, w, o = self.x, self._w(cfg)[j], self.y[j]
             elif which == "fab":
                 x, w, o = self.x, self.wp[j][NQ:], self.fab[j]
             else:
@@ -421,13 +435,13 @@ def needed_fused():
 VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
 # faster (results/kda_kernels/2026-11-30_h200_run7_variants.md); run8 times consumer passes
+# (fb_passes 4/8 and carve 0 were run8's; run9 (lead) times the tiled weight layout wl=1)
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {}),
-    (2, 8, 4, 2, 4, {}),
-    (2, 8, 4, 1, 8, {}),
-    (2, 8, 4, 2, 4, {"carve": 0}),
+    (2, 8, 4, 2, 1, {"wl": 1}),
+    (1, 4, 4, 4, 1, {"wl": 1}),
 ]
-VSWEEP_STREAM = [(2, 8, 4, 0), (1, 4, 4, 0)]  # (tiles, warps_k, unroll, pf)
+VSWEEP_STREAM = [(2, 8, 4, 0, 0), (1, 4, 4, 0, 0), (2, 8, 4, 0, 1), (1, 4, 4, 0, 1)]  # (tiles, wk, unroll, pf, wl)
 
 
 def vsweep_fused(m):
@@ -442,7 +456,8 @@ def vsweep_fused(m):
 
 def vsweep_stream(m):
     mt = 8 if m <= 8 else 16
-    out = [Config("stream", m_tile=mt, tiles=t, warps_k=wk, unroll=u, pf=pf) for t, wk, u, pf in VSWEEP_STREAM]
+    out = [Config("stream", m_tile=mt, tiles=t, warps_k=wk, unroll=u, pf=pf, wl=wl)
+           for t, wk, u, pf, wl in VSWEEP_STREAM]
     return [c for c in out if c.check(m, NP, H) is None]
 
 
@@ -466,6 +481,8 @@ def variant_sweep(out_dir, floor_us, t0):
         fns.update({"alone_" + c.key(): p.single("packed", c) for c in scands})
         fns["e_packed_default"] = p.make_packed_cute(ec.default_config(m, NP, H),
                                                      ec.default_config(m, NFB, NFA))
+        for c in scands:  # the two-launch path with each stream candidate + the default F_B
+            fns["e_" + c.key()] = p.make_packed_cute(c, ec.default_config(m, NFB, NFA))
         fns["f_fused_default"] = p.make_fused(None)
         t = time_graph(fns, iters=20, trials=7)
         res[m] = {k: round(v, 2) for k, v in t.items()}

@@ -308,3 +308,55 @@ def test_gpu_fused_graph_side_stream(m):
         for o, g in outs:
             _check(o, ref, "graph fused out")
             _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "graph fused g1")
+
+
+def test_tiled_weight_layout():
+    """wl=1: the weight is prepacked so each (8-row tile, 32-wide K step) is one 512-byte block
+    in lane order; the kernels then load lane*16 + step*512 from the tile's base."""
+    import torch
+
+    w = torch.arange(16 * 64, dtype=torch.float32).view(16, 64)
+    t = ec.tile_weights(w).view(-1, 8)  # 16-byte (8 x bf16-sized slot) vectors
+    for tile, step, g, tt in ((0, 0, 0, 0), (1, 1, 2, 3), (0, 1, 7, 1)):
+        lane = g * 4 + tt
+        assert torch.equal(t[(tile * 2 + step) * 32 + lane], w[tile * 8 + g, step * 32 + tt * 8:][:8])
+    with pytest.raises(ValueError, match="N % 8"):
+        ec.tile_weights(torch.zeros(12, 64))
+    assert "tiled" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, wl=1, pf=1).check(8, NP, 7168)
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    for c in (ec.Config("stream", m_tile=16, tiles=2, warps_k=8, unroll=4, wl=1),
+              ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, wl=1)):
+        ptx = (ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a") if c.kind == "fused"
+               else ec.compile_for_arch(c, NP, 7168, arch="sm_90a"))
+        assert c.key().count("_wl1") == 1 and ".local" not in ptx
+        assert "ld.global.nc.L1::no_allocate.L2::256B.v4.u32" in ptx
+        assert ptx.find("ld.global.nc.L1::no_allocate") < ptx.find("griddepcontrol.wait")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+def test_gpu_tiled_weights(m):
+    """wl=1 kernels on tile_weights(w) give x @ w^T (stream and fused), poisoned outputs."""
+    import torch
+
+    torch.manual_seed(700 + m)
+    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
+    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    wt = ec.tile_weights(wp)
+    ref = x.float() @ wp.float().t()
+    mt = 8 if m <= 8 else 16
+    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ec.skinny_gemm(x, wt, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, wl=1))
+    torch.cuda.synchronize()
+    _check(out, ref, f"stream wl1 M={m}")
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out.fill_(float("nan"))
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, wl=1)
+    ec.kda_fused_step(x, wt, wb, out, g1, fa_col=NQ, config=cfg)
+    torch.cuda.synchronize()
+    _check(out, ref, f"fused wl1 M={m}")
+    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused wl1 g1 M={m}")

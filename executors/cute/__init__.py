@@ -83,6 +83,7 @@ __all__ = [
     "compile_fused_for_arch",
     "get_fused_kernel",
     "FUSED_MAX_M",
+    "tile_weights",
 ]
 
 _lock = threading.Lock()
@@ -271,8 +272,21 @@ def ptx_of(build, arch: str) -> str:
 # --------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------
+def tile_weights(w):
+    """The tiled weight layout read by configs with ``wl=1``: [N, K] bf16 (N % 8 == 0,
+    K % 32 == 0) rearranged so each (8-row tile, 32-wide K step) is 512 contiguous bytes in
+    the order the mma lanes load them (lane g*4+t: row g, columns t*8..t*8+8). Returned with
+    the same [N, K] shape; a one-time preprocessing of a weight, like any prepacked layout."""
+    n, k = w.shape
+    if n % 8 or k % 32:
+        raise ValueError(f"tile_weights needs N % 8 == 0 and K % 32 == 0, got {tuple(w.shape)}")
+    return w.reshape(n // 8, 8, k // 32, 32).permute(0, 2, 1, 3).contiguous().view(n, k)
+
+
 def skinny_gemm(x, w, out=None, config: Config | None = None):
     """out[M, N] = x[M, K] @ w[N, K]^T on torch's current stream.
+
+    With a ``wl=1`` config, w must be in the tiled layout (tile_weights(w)).
 
     x may be a strided row view (stride(1) == 1, stride(0) % 8 == 0, 16-byte aligned),
     e.g. f_a read in place from the F_A/beta output. out may be a column slice of a

@@ -55,9 +55,15 @@ class Config:
     # prologue prefetches iterations [0, pf) of every weight row, iteration it then
     # prefetches it + pf (requests in flight without holding registers)
     pf: int = 0
+    # tensor-core kinds: weight layout. 0 = row-major [N, K]; 1 = tiled (tile_weights): each
+    # (8-row tile, 32-wide K step) is one 512-byte block in the order the warp's lanes load it,
+    # so every warp streams whole contiguous blocks instead of 8 rows x 64 bytes
+    wl: int = 0
 
     def _suffix(self) -> str:
         s = ""
+        if self.wl:
+            s += f"_wl{self.wl}"
         if self.minb:
             s += f"_mb{self.minb}"
         if self.carve >= 0:
@@ -136,6 +142,10 @@ class Config:
             return "minb * threads must be <= 2048 and carve in -1..100"
         if self.pf < 0:
             return "pf must be >= 0"
+        if self.wl not in (0, 1):
+            return "wl must be 0 (row-major) or 1 (tiled)"
+        if self.wl and (n % 8 or self.pf):
+            return "the tiled weight layout needs N % 8 == 0 and pf == 0"
         return None
 
 

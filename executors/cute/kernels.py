@@ -213,6 +213,23 @@ def _prefetch_chunks(pf_row, R: int, lane, it0: int, it1: int, U: int):
 # --------------------------------------------------------------------------------------
 # Tensor-core kernel (kinds split_k and stream)
 # --------------------------------------------------------------------------------------
+def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL: int):
+    """Byte address of this lane's weight vector for K step `step0` in each of its R n8 tiles.
+
+    Row-major: row (tile row + g), columns step0*32 + t*8 .. +8. Tiled (tile_weights): the
+    (tile, step) block is 512 contiguous bytes in lane order, so the lane's vector is at
+    ((tile * K/32 + step) * 32 + lane) * 16. Rows/tiles past N are clamped (outputs dropped)."""
+    out = []  # plain Python loop/if: this helper is traced, not AST-rewritten like a kernel body
+    for r in range(R):
+        if WL == 1:
+            tile = _imin(n_tile0 // 8 + r, N // 8 - 1)
+            out.append(w_base + (Int64(tile) * (K // 32) + Int64(step0)) * 512 + Int64(lane * 16))
+        else:
+            row = _imin(n_tile0 + r * 8 + g, N - 1)
+            out.append(w_base + Int64(row) * (K * 2) + Int64((step0 * 32 + t * 8) * 2))
+    return out
+
+
 def build_tc(cfg: Config, n: int, k: int):
     MT = cfg.m_tile
     R = cfg.tiles
@@ -228,6 +245,8 @@ def build_tc(cfg: Config, n: int, k: int):
     OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
     PDL = cfg.pdl
     PF = cfg.pf
+    WL = cfg.wl
+    W_STEP = 512 if WL else 64  # bytes between a lane's consecutive 32-wide K steps
     N = n
     K = k
 
@@ -245,16 +264,13 @@ def build_tc(cfg: Config, n: int, k: int):
 
         w_base = mW.iterator.toint()
         # byte address of this lane's first weight vector in each n8 tile
-        w_addr = []
-        for r in cutlass.range_constexpr(R):
-            row = _imin(n_tile0 + r * 8 + g, N - 1)
-            w_addr.append(w_base + Int64(row) * (K * 2) + Int64((wk * JW * 32 + t * 8) * 2))
+        w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
         def load_w(it):
             regs = []
             for u in cutlass.range_constexpr(U):
                 for r in cutlass.range_constexpr(R):
-                    regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * 64)))
+                    regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
             return regs
 
         pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
@@ -459,6 +475,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     FP = cfg.fb_passes
     PDL = cfg.pdl
     PF = cfg.pf
+    WL = cfg.wl
+    W_STEP = 512 if WL else 64
     N = n
     K = k
     NB = nb
@@ -491,16 +509,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             wk = warp
             n_tile0 = tile * (8 * R)
             w_base = mW.iterator.toint()
-            w_addr = []
-            for r in cutlass.range_constexpr(R):
-                row = _imin(n_tile0 + r * 8 + g, N - 1)
-                w_addr.append(w_base + Int64(row) * (K * 2) + Int64((wk * JW * 32 + t * 8) * 2))
+            w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
             def load_w(it):
                 regs = []
                 for u in cutlass.range_constexpr(U):
                     for r in cutlass.range_constexpr(R):
-                        regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * 64)))
+                        regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
                 return regs
 
             pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
