@@ -6,8 +6,8 @@ it, so CPU machines never import cutlass or flashinfer.
 
   cute                  executors.cute.skinny_gemm, bf16, M <= 16, sm_90+.
   flashinfer[:sub]      flashinfer.mm_bf16(a, W.t(), backend=sub); on sm_90 the
-                        sub-backends cudnn, cublaslt and tinygemm work (cute-dsl,
-                        cutlass need sm_100+). "flashinfer" alone means cudnn on sm_90
+                        sub-backends cudnn, cublaslt, tinygemm and cutile are
+                        eligible (cute-dsl, cutlass need sm_100+). "flashinfer" alone means cudnn on sm_90
                         and cute-dsl on sm_100+. Tune FlashInfer before graph capture.
 
 With backend 'auto', M is only known per call: the runner takes the kernel when it
@@ -24,7 +24,7 @@ from .torch_ops import gemm_torch, torch_dtype
 
 __all__ = ["FLASHINFER_SUBS"]
 
-FLASHINFER_SUBS = {"cudnn": 90, "cublaslt": 90, "tinygemm": 90, "cute-dsl": 100, "cutlass": 100}
+FLASHINFER_SUBS = {"cudnn": 90, "cublaslt": 90, "tinygemm": 90, "cutile": 90, "cute-dsl": 100, "cutlass": 100}
 
 
 def _static_nk(specs):
@@ -111,5 +111,5 @@ def _fi_make(sub):
 register("gemm", "flashinfer", supports=_fi_supports(None))(_fi_make(None))
 for _sub in FLASHINFER_SUBS:
     register("gemm", f"flashinfer:{_sub}", supports=_fi_supports(_sub))(_fi_make(_sub))
-from . import add_backends  # noqa: E402,F401  - the cute "add" backend registers itself
-from . import p2p  # noqa: E402,F401  - the NVLink copy-engine all_gather registers itself
+# the other optional backends register themselves on import (cute "add", "p2p" all_gather)
+from . import add_backends, p2p  # noqa: E402,F401,I001

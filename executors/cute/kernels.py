@@ -319,7 +319,6 @@ def build_tc(cfg: Config, n: int, k: int):
                 w_cur = w_nxt
                 x_cur = x_nxt
 
-        so = mO.stride[0]
         if cutlass.const_expr(WK == 1):
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
