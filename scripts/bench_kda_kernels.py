@@ -19,6 +19,7 @@ Usage: python scripts/bench_kda_kernels.py [--out DIR] [--quick] [--sanitize] [-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -435,13 +436,30 @@ def needed_fused():
 VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
 # faster (results/kda_kernels/2026-11-30_h200_run7_variants.md); run8 times consumer passes
-# (fb_passes 4/8 and carve 0 were run8's; run9 (lead) times the tiled weight layout wl=1)
+# run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies l2h=1
+# (none made the whole step faster: results/kda_kernels/). run11 (lead) times trig=1: the
+# dependent launch is triggered at kernel start, so the F_B launch stops delaying the next
+# kernel's prologue.
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {}),
-    (2, 8, 4, 2, 1, {"wl": 1}),
-    (1, 4, 4, 4, 1, {"wl": 1}),
+    (2, 8, 4, 2, 1, {"trig": 1}),
 ]
-VSWEEP_STREAM = [(2, 8, 4, 0, 0), (1, 4, 4, 0, 0), (2, 8, 4, 0, 1), (1, 4, 4, 0, 1)]  # (tiles, wk, unroll, pf, wl)
+VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra)
+    (2, 8, 4, {}), (2, 8, 4, {"trig": 1}), (1, 4, 4, {}), (1, 4, 4, {"trig": 1})]
+VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
+    ({}, {}), ({}, {"trig": 1}), ({"trig": 1}, {"trig": 1}), ({"wl": 1}, {"trig": 1}),
+    ({"wl": 1, "trig": 1}, {"trig": 1})]
+
+
+def vsweep_e(m):
+    """[(label, stream config, F_B config)] for the two-launch path."""
+    out = []
+    for se, fe in VSWEEP_E:
+        cs = dataclasses.replace(ec.default_config(m, NP, H), **se)
+        cb = dataclasses.replace(ec.default_config(m, NFB, NFA), **fe)
+        if cs.check(m, NP, H) is None and cb.check(m, NFB, NFA) is None:
+            out.append((f"e[{cs.key()} + {cb.key()}]", cs, cb))
+    return out
 
 
 def vsweep_fused(m):
@@ -456,8 +474,7 @@ def vsweep_fused(m):
 
 def vsweep_stream(m):
     mt = 8 if m <= 8 else 16
-    out = [Config("stream", m_tile=mt, tiles=t, warps_k=wk, unroll=u, pf=pf, wl=wl)
-           for t, wk, u, pf, wl in VSWEEP_STREAM]
+    out = [Config("stream", m_tile=mt, tiles=t, warps_k=wk, unroll=u, **extra) for t, wk, u, extra in VSWEEP_STREAM]
     return [c for c in out if c.check(m, NP, H) is None]
 
 
@@ -477,12 +494,20 @@ def variant_sweep(out_dir, floor_us, t0):
             check(p.g1[0], ref[:, NQ:NQ + NFA] @ p.wfb[0].float().t(), f"vsweep {c.key()} M={m} g1")
         for c in scands:
             verify_cfg(p, "packed", c)
+        for label, cs, cb in vsweep_e(m):
+            p.y[0].fill_(float("nan"))
+            p.g1[0].fill_(float("nan"))
+            p.make_packed_cute(cs, cb)(0)
+            torch.cuda.synchronize()
+            ref = p.x.float() @ p.wp[0].float().t()
+            check(p.y[0], ref, f"vsweep {label} M={m} out")
+            check(p.g1[0], p.y[0][:, NQ:NQ + NFA].float() @ p.wfb[0].float().t(), f"vsweep {label} M={m} g1")
         fns = {c.key(): p.make_fused(c) for c in fcands}
         fns.update({"alone_" + c.key(): p.single("packed", c) for c in scands})
         fns["e_packed_default"] = p.make_packed_cute(ec.default_config(m, NP, H),
                                                      ec.default_config(m, NFB, NFA))
-        for c in scands:  # the two-launch path with each stream candidate + the default F_B
-            fns["e_" + c.key()] = p.make_packed_cute(c, ec.default_config(m, NFB, NFA))
+        for label, cs, cb in vsweep_e(m):
+            fns[label] = p.make_packed_cute(cs, cb)
         fns["f_fused_default"] = p.make_fused(None)
         t = time_graph(fns, iters=20, trials=7)
         res[m] = {k: round(v, 2) for k, v in t.items()}
@@ -517,6 +542,10 @@ def precompile(arch="sm_90a", sweep=True):
         fused = sorted(set(fused) | {c for m in (8, 16) for c in vsweep_fused(m)}, key=lambda c: c.key())
         for c in sorted({c for m in (8, 16) for c in vsweep_stream(m)}, key=lambda c: c.key()):
             ec.get_kernel(c, NP, H, arch=arch)
+        for m in (1, 8, 9, 16):
+            for _, cs, cb in vsweep_e(m):
+                ec.get_kernel(cs, NP, H, arch=arch)
+                ec.get_kernel(cb, NFB, NFA, arch=arch)
     for c in fused:
         ec.get_fused_kernel(c, NP, H, NQ, NFB, NFA, arch=arch)
     log(f"precompiled {len(need)} + {len(fused)} fused kernels into {ec.cache_dir()} "
