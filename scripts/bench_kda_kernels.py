@@ -436,19 +436,16 @@ def needed_fused():
 VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
 # faster (results/kda_kernels/2026-11-30_h200_run7_variants.md); run8 times consumer passes
-# run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies l2h=1
-# (none made the whole step faster: results/kda_kernels/). run11 (lead) times trig=1: the
-# dependent launch is triggered at kernel start, so the F_B launch stops delaying the next
-# kernel's prologue.
+# run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies;
+# run11: early PDL triggers (results/kda_kernels/; run10/run11's knobs were removed again).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {}),
-    (2, 8, 4, 2, 1, {"trig": 1}),
+    (2, 8, 4, 2, 1, {"wl": 1}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra)
-    (2, 8, 4, {}), (2, 8, 4, {"trig": 1}), (1, 4, 4, {}), (1, 4, 4, {"trig": 1})]
+    (2, 8, 4, {}), (2, 8, 4, {"wl": 1}), (1, 4, 4, {}), (1, 4, 4, {"wl": 1})]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
-    ({}, {}), ({}, {"trig": 1}), ({"trig": 1}, {"trig": 1}), ({"wl": 1}, {"trig": 1}),
-    ({"wl": 1, "trig": 1}, {"trig": 1})]
+    ({}, {}), ({"wl": 1}, {})]
 
 
 def vsweep_e(m):
@@ -622,7 +619,7 @@ def main():
         return
     worst = correctness(list(range(1, 17)))
     report["correctness_worst_cos_rel"] = worst
-    log(f"correctness M=1..16 (incl. graph on side stream) OK, worst: "
+    log("correctness M=1..16 (incl. graph on side stream) OK, worst: "
         + ", ".join(f"{k}: cos {v[0]:.5f} rel {v[1]:.1e}" for k, v in worst.items()))
     log(f"[{time.time() - t0:.0f}s]")
 

@@ -59,19 +59,9 @@ class Config:
     # (8-row tile, 32-wide K step) is one 512-byte block in the order the warp's lanes load it,
     # so every warp streams whole contiguous blocks instead of 8 rows x 64 bytes
     wl: int = 0
-    # tensor-core kinds: L2 cache policies on the loads (1 = weights evict_first, activations
-    # evict_last), so the weight stream does not push the re-read activations out of L2
-    l2h: int = 0
-    # tensor-core kinds with PDL: 1 = trigger the dependent launch at the kernel's start
-    # instead of after griddepcontrol.wait (the next kernel's prologue overlaps more)
-    trig: int = 0
 
     def _suffix(self) -> str:
         s = ""
-        if self.trig:
-            s += f"_tr{self.trig}"
-        if self.l2h:
-            s += f"_l2h{self.l2h}"
         if self.wl:
             s += f"_wl{self.wl}"
         if self.minb:
@@ -152,10 +142,6 @@ class Config:
             return "minb * threads must be <= 2048 and carve in -1..100"
         if self.pf < 0:
             return "pf must be >= 0"
-        if self.trig not in (0, 1):
-            return "trig must be 0 or 1"
-        if self.l2h not in (0, 1):
-            return "l2h must be 0 or 1"
         if self.wl not in (0, 1):
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf):

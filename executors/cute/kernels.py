@@ -64,37 +64,6 @@ def ld_act_v4(addr: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def l2_policy(evict_last: bool, *, loc=None, ip=None):
-    """An L2 cache policy (createpolicy): evict_first for streamed weights, evict_last for
-    the activations every block re-reads (keeps them from being pushed out by the stream)."""
-    kind = "evict_last" if evict_last else "evict_first"
-    res = llvm.inline_asm(T.i64(), [], f"createpolicy.fractional.L2::{kind}.b64 $0, 1.0;", "=l",
-                          has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return Int64(res)
-
-
-def _ld_v4_pol(ptx: str):
-    @dsl_user_op
-    def ld(addr: Int64, pol: Int64, *, loc=None, ip=None):
-        res = llvm.inline_asm(
-            llvm.StructType.get_literal([T.i32()] * 4),
-            [Int64(addr).ir_value(loc=loc, ip=ip), Int64(pol).ir_value(loc=loc, ip=ip)],
-            ptx + " {$0, $1, $2, $3}, [$4], $5;",
-            "=r,=r,=r,=r,l,l",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
-        return _i32x4(res)
-    return ld
-
-
-# the two loads above with an L2 cache policy operand (configs with l2h=1)
-ld_weights_v4_pol = _ld_v4_pol("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32")
-ld_act_v4_pol = _ld_v4_pol("ld.global.L2::cache_hint.v4.u32")
-
-
-@dsl_user_op
 def ld_l2_v4(addr: Int64, *, loc=None, ip=None):
     """128-bit load that bypasses L1 (data written by other blocks of this grid)."""
     res = llvm.inline_asm(
@@ -278,8 +247,6 @@ def build_tc(cfg: Config, n: int, k: int):
     PF = cfg.pf
     WL = cfg.wl
     W_STEP = 512 if WL else 64  # bytes between a lane's consecutive 32-wide K steps
-    L2H = cfg.l2h
-    TRIG = cfg.trig
     N = n
     K = k
 
@@ -296,12 +263,6 @@ def build_tc(cfg: Config, n: int, k: int):
         n_tile0 = (bid * WN + wn) * (8 * R)
 
         w_base = mW.iterator.toint()
-        if cutlass.const_expr(L2H):
-            wpol = l2_policy(False)
-            xpol = l2_policy(True)
-        else:
-            wpol = Int64(0)
-            xpol = Int64(0)
         # byte address of this lane's first weight vector in each n8 tile
         w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
@@ -309,26 +270,18 @@ def build_tc(cfg: Config, n: int, k: int):
             regs = []
             for u in cutlass.range_constexpr(U):
                 for r in cutlass.range_constexpr(R):
-                    if cutlass.const_expr(L2H):
-                        regs.append(ld_weights_v4_pol(w_addr[r] + Int64((it * U + u) * W_STEP), wpol))
-                    else:
-                        regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
+                    regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
             return regs
 
         pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
         if cutlass.const_expr(PF > 0):
             _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
-        if cutlass.const_expr(PDL and TRIG):
-            # trig=1: let the next kernel launch before this one even waits, so its
-            # prologue overlaps this grid's wait as well as its tail
-            cute.arch.griddepcontrol_launch_dependents()
         w_cur = load_w(0)
         if cutlass.const_expr(PDL):
             cute.arch.griddepcontrol_wait()
-            if cutlass.const_expr(not TRIG):
-                # let the next kernel launch now: it prefetches its own weights and then
-                # blocks in its griddepcontrol.wait until this grid has finished
-                cute.arch.griddepcontrol_launch_dependents()
+            # let the next kernel launch now: it prefetches its own weights and then
+            # blocks in its griddepcontrol.wait until this grid has finished
+            cute.arch.griddepcontrol_launch_dependents()
 
         m_rows = mX.shape[0]
         sx = mX.stride[0]
@@ -341,15 +294,9 @@ def build_tc(cfg: Config, n: int, k: int):
             regs = []
             for u in cutlass.range_constexpr(U):
                 off = Int64((it * U + u) * 64)
-                if cutlass.const_expr(L2H):
-                    xg = ld_act_v4_pol(xg_addr + off, xpol)
-                else:
-                    xg = ld_act_v4(xg_addr + off)
+                xg = ld_act_v4(xg_addr + off)
                 if cutlass.const_expr(MT == 16):
-                    if cutlass.const_expr(L2H):
-                        xh = ld_act_v4_pol(xh_addr + off, xpol)
-                    else:
-                        xh = ld_act_v4(xh_addr + off)
+                    xh = ld_act_v4(xh_addr + off)
                 else:
                     xh = [Int32(0)] * 4
                 regs.append((xg, xh))
@@ -529,8 +476,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     PF = cfg.pf
     WL = cfg.wl
     W_STEP = 512 if WL else 64
-    L2H = cfg.l2h
-    TRIG = cfg.trig
     N = n
     K = k
     NB = nb
@@ -563,34 +508,22 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             wk = warp
             n_tile0 = tile * (8 * R)
             w_base = mW.iterator.toint()
-            if cutlass.const_expr(L2H):
-                wpol = l2_policy(False)
-                xpol = l2_policy(True)
-            else:
-                wpol = Int64(0)
-                xpol = Int64(0)
             w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
             def load_w(it):
                 regs = []
                 for u in cutlass.range_constexpr(U):
                     for r in cutlass.range_constexpr(R):
-                        if cutlass.const_expr(L2H):
-                            regs.append(ld_weights_v4_pol(w_addr[r] + Int64((it * U + u) * W_STEP), wpol))
-                        else:
-                            regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
+                        regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
                 return regs
 
             pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
             if cutlass.const_expr(PF > 0):
                 _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
-            if cutlass.const_expr(PDL and TRIG):
-                cute.arch.griddepcontrol_launch_dependents()
             w_cur = load_w(0)
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(not TRIG):
-                    cute.arch.griddepcontrol_launch_dependents()
+                cute.arch.griddepcontrol_launch_dependents()
 
             sx = mX.stride[0]
             x_base = mX.iterator.toint()
@@ -602,15 +535,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 regs = []
                 for u in cutlass.range_constexpr(U):
                     off = Int64((it * U + u) * 64)
-                    if cutlass.const_expr(L2H):
-                        xg = ld_act_v4_pol(xg_addr + off, xpol)
-                    else:
-                        xg = ld_act_v4(xg_addr + off)
+                    xg = ld_act_v4(xg_addr + off)
                     if cutlass.const_expr(MT == 16):
-                        if cutlass.const_expr(L2H):
-                            xh = ld_act_v4_pol(xh_addr + off, xpol)
-                        else:
-                            xh = ld_act_v4(xh_addr + off)
+                        xh = ld_act_v4(xh_addr + off)
                     else:
                         xh = [Int32(0)] * 4
                     regs.append((xg, xh))
@@ -682,11 +609,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if nrows > 0:
                     prefetch_l2_bulk(wb_base + Int64(r1) * (KB * 2), Int32(nrows * (KB * 2)), lane, 1)
             if cutlass.const_expr(PDL):
-                if cutlass.const_expr(TRIG):
-                    cute.arch.griddepcontrol_launch_dependents()
                 cute.arch.griddepcontrol_wait()
-                if cutlass.const_expr(not TRIG):
-                    cute.arch.griddepcontrol_launch_dependents()
+                cute.arch.griddepcontrol_launch_dependents()
             if tid == 0:
                 wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
             cute.arch.sync_threads()
