@@ -140,13 +140,13 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
             ag(buf, packed)
             return dict(zip(names, buf[:T].split(H, -1), strict=True))
 
-        def compiled(i, st=st, T=T):
-            out = ex(dims={"num_tokens": T}, **dict(zip(names, st[i % nsets], strict=True)))
-            return {n: out[f"{n}_full"] for n in names}
+        def sp_plan(exe, st=st, T=T):  # plans/k3_sp_tail.yaml as built into `exe`
+            def f(i):
+                out = exe(dims={"num_tokens": T}, **dict(zip(names, st[i % nsets], strict=True)))
+                return {n: out[f"{n}_full"] for n in names}
+            return f
 
-        def comp_nccl(i, st=st, T=T):
-            out = ex_nccl(dims={"num_tokens": T}, **dict(zip(names, st[i % nsets], strict=True)))
-            return {n: out[f"{n}_full"] for n in names}
+        compiled, comp_nccl = sp_plan(ex), sp_plan(ex_nccl)
 
         def produced(exe, hs=hs, rs=rs, T=T):
             def f(i):
