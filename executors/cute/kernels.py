@@ -133,6 +133,37 @@ def wait_then_arrive(addr: Int64, target: Int32, total: Int32, *, loc=None, ip=N
 
 
 @dsl_user_op
+def globaltimer(*, loc=None, ip=None):
+    """%globaltimer (ns, comparable across SMs)."""
+    return Int64(llvm.inline_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l",
+                                 has_side_effects=True, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def smid(*, loc=None, ip=None):
+    return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %smid;", "=r",
+                                 has_side_effects=True, is_align_stack=False,
+                                 asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def st_u64(addr: Int64, val: Int64, *, loc=None, ip=None):
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int64(val).ir_value(loc=loc, ip=ip)],
+                    "st.global.u64 [$0], $1;", "l,l", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _stamp(base, bid, slot: int):
+    """dbg timeline (call from one thread): %globaltimer into record bid, slot (0 start,
+    1 mid, 2 end; slot 3 = SM id). Records are 32 bytes from workspace byte 16."""
+    rec = base + Int64(16) + Int64(bid) * 32
+    st_u64(rec + Int64(slot * 8), globaltimer())
+    if slot == 0:  # Python-level: traced once
+        st_u64(rec + Int64(24), Int64(smid()))
+
+
+@dsl_user_op
 def mma_k32(a, b, c, *, loc=None, ip=None):
     """Two m16n8k16 bf16 mma.sync steps (K = 32) accumulating into fp32 c[0..3].
 
@@ -454,6 +485,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     and count themselves in; the last arrival resets the counter to 0, so no memset is
     needed between launches or graph replays. No ordering assumption is needed to be
     deadlock-free: producers never wait, and C is far below the resident capacity.
+    Knobs: ``ppf`` makes the producers bulk-prefetch all their weight rows into L2 at launch
+    (they then finish long before the streaming blocks, and F_B runs mid-grid instead of
+    after it); ``cf`` puts the consumers right after the producers in block order.
     """
     from .config import fused_grid
 
@@ -476,6 +510,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     PF = cfg.pf
     WL = cfg.wl
     W_STEP = 512 if WL else 64
+    PPF = cfg.ppf
+    CF = cfg.cf
+    DBG = cfg.dbg
+    EXT = cfg.ext
     N = n
     K = k
     NB = nb
@@ -496,15 +534,27 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
         ctr = mC.iterator.toint()
         so = mO.stride[0]
+        if cutlass.const_expr(DBG):
+            if tid == 0:
+                _stamp(ctr, bid, 0)
+        # sb = position in the order [producers | other stream tiles | consumers]; with CF
+        # the consumers are launched right after the producers instead
+        sb = bid
+        if cutlass.const_expr(CF):
+            if bid >= P:
+                if bid < P + C:
+                    sb = bid + (T_ALL - P)
+                else:
+                    sb = bid - C
 
-        if bid < T_ALL:
+        if sb < T_ALL:
             # ---------------- streaming part (producers first) ----------------
-            tile = bid
-            if bid < P:
-                tile = bid + T0
+            tile = sb
+            if sb < P:
+                tile = sb + T0
             else:
-                if bid - P < T0:
-                    tile = bid - P
+                if sb - P < T0:
+                    tile = sb - P
             wk = warp
             n_tile0 = tile * (8 * R)
             w_base = mW.iterator.toint()
@@ -520,9 +570,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
             if cutlass.const_expr(PF > 0):
                 _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
+            if cutlass.const_expr(PPF > 0):
+                if sb < P:
+                    _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
             w_cur = load_w(0)
             if cutlass.const_expr(PDL):
-                cute.arch.griddepcontrol_wait()
+                if cutlass.const_expr(not EXT):  # EXT: x was waited for by the split-N launch
+                    cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
 
             sx = mX.stride[0]
@@ -579,17 +633,23 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     if m < m_rows:
                         if col < N:
                             mO[m, col] = s.to(BFloat16)
-            if bid < P:
+            if sb < P:  # (never true with EXT: P == 0)
+                if cutlass.const_expr(DBG):
+                    if tid == 0:
+                        _stamp(ctr, bid, 1)
                 fence_acq_rel_gpu()
                 cute.arch.sync_threads()
                 if tid == 0:
                     red_add_release_gpu(ctr, Int32(1))
+            if cutlass.const_expr(DBG):
+                if tid == 0:
+                    _stamp(ctr, bid, 2)
         else:
             # ---------------- consumer part: g1 = f_a @ w_fb^T ----------------
             # a warp owns FP passes of RB n8 tiles; pass 0's weights are loaded up front,
             # later passes' rows are bulk-prefetched into L2 up front and loaded after the
             # previous pass (FP > 1 keeps the consumer blocks few, so the grid fits one wave)
-            cb = bid - T_ALL
+            cb = sb - T_ALL
             row0 = (cb * WK + warp) * (8 * RB * FP)
             wb_base = mWB.iterator.toint()
 
@@ -611,9 +671,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
-            if tid == 0:
-                wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
-            cute.arch.sync_threads()
+            if cutlass.const_expr(not EXT):  # EXT: griddepcontrol.wait above covered f_a
+                if tid == 0:
+                    wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
+                cute.arch.sync_threads()
+            if cutlass.const_expr(DBG):
+                if tid == 0:
+                    _stamp(ctr, bid, 1)
             o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
             fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
@@ -640,6 +704,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                             if m < m_rows:
                                 if col < NB:
                                     mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+            if cutlass.const_expr(DBG):
+                if tid == 0:
+                    _stamp(ctr, bid, 2)
 
     @cute.jit
     def host(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mWB: cute.Tensor,

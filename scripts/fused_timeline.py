@@ -1,0 +1,151 @@
+"""Per-block timeline of the fused KDA step kernel (diagnostics, needs an sm_90 GPU).
+
+Replays a CUDA graph of 20 ``kda_fused_step`` calls with ``dbg=1`` configs (4 rotated
+weight sets; even/odd steps stamp into two workspaces): every block stamps %globaltimer at start,
+at its mid point (producers: before publishing f_a; consumers: when f_a is complete) and
+at its end, plus its SM id. Prints, per (M, config), when the stream / producer /
+consumer blocks of the last two steps start and end relative to the earlier step's first
+block, the step period, and how many blocks started late (a second wave). Usage:
+    python scripts/fused_timeline.py [--out DIR] [--precompile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import executors.cute as ec  # noqa: E402
+from executors.cute.config import Config, fused_grid  # noqa: E402
+
+NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
+BASE = dict(kind="fused", tiles=2, warps_k=8, unroll=4, fb_tiles=2, dbg=1)
+CASES = [  # (M, extra config fields)
+    (1, dict(m_tile=8)), (8, dict(m_tile=8)), (8, dict(m_tile=8, ppf=1)),
+    (8, dict(m_tile=8, ppf=1, minb=4)),
+    (16, dict(m_tile=16)), (16, dict(m_tile=16, ppf=1)), (16, dict(m_tile=16, ppf=1, fb_passes=4)),
+    (16, dict(m_tile=16, ppf=1, minb=4)),
+    (1, dict(m_tile=8, ext=1)), (8, dict(m_tile=8, ext=1)), (16, dict(m_tile=16, ext=1)),
+    (8, dict(m_tile=8, ext=1, fab_rows=1, fab_vec=7)), (16, dict(m_tile=16, ext=1, fab_rows=1, fab_vec=7)),
+    (8, dict(m_tile=8, ext=1, fab_rows=2, fab_vec=7)), (16, dict(m_tile=16, ext=1, fab_rows=2, fab_vec=7)),
+]
+
+
+def configs():
+    return [(m, Config(**{**BASE, **extra})) for m, extra in CASES]
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else float("nan")
+
+
+def _summary(m, cfg, rec, z):
+    t_all, t0, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
+    us = [[(r[0] - z) / 1e3, (r[1] - z) / 1e3 if r[1] else None, (r[2] - z) / 1e3, r[3]] for r in rec]
+
+    def role(b):  # block index -> role, as build_fused maps it
+        sb = b
+        if cfg.cf and b >= p:
+            sb = b + (t_all - p) if b < p + c else b - c
+        return "producer" if sb < p else ("stream" if sb < t_all else "consumer")
+
+    roles = {"producer": [], "stream": [], "consumer": []}
+    for b, r in enumerate(us):
+        roles[role(b)].append(r)
+    summ = {"M": m, "config": cfg.key(), "grid": len(rec),
+            "start_min": round(min(r[0] for r in us), 2), "end_max": round(max(r[2] for r in us), 2),
+            "late_starts_gt_1us": sum(1 for r in us if r[0] > min(q[0] for q in us) + 1.0),
+            "blocks_per_sm_max": max(sum(1 for r in us if r[3] == s) for s in {r[3] for r in us})}
+    for name, rs in roles.items():
+        if not rs:
+            continue
+        summ[name] = {"n": len(rs), "start_max": round(max(r[0] for r in rs), 2),
+                      "end_p10": round(pct([r[2] for r in rs], 0.1), 2),
+                      "end_p50": round(pct([r[2] for r in rs], 0.5), 2),
+                      "end_max": round(max(r[2] for r in rs), 2)}
+        mids = [r[1] for r in rs if r[1] is not None]
+        if mids:
+            summ[name]["mid_max"] = round(max(mids), 2)
+    return summ, us
+
+
+def run(m, cfg, steps=20):
+    """Capture `steps` fused steps (4 rotated weight sets) in a CUDA graph, replay it, and
+    return the stamps of the last two steps (even/odd steps use two workspaces), with times
+    relative to the earlier step's first block start."""
+    import torch
+
+    t_all, t0, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
+    grid = t_all + c
+    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+    wps = [torch.randn(NP, H, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(4)]
+    wfb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) * 0.05
+    out = torch.empty(m, NP, device="cuda", dtype=torch.bfloat16)
+    g1 = torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)
+    wss = [torch.zeros(4 + 8 * grid, dtype=torch.int32, device="cuda") for _ in range(2)]
+
+    def body():
+        for i in range(steps):
+            ec.kda_fused_step(x, wps[i % 4], wfb, out, g1, fa_col=NQ, config=cfg, workspace=wss[i % 2])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        body()  # compile / load outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            body()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    ref = x.float() @ wps[(steps - 1) % 4].float().t()
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    recs = [w[4:].view(torch.int64).view(grid, 4).cpu().tolist() for w in wss]
+    last = (steps - 1) % 2
+    prev, cur = recs[1 - last], recs[last]
+    z = min(r[0] for r in prev)
+    sp, _ = _summary(m, cfg, prev, z)
+    sc, us = _summary(m, cfg, cur, z)
+    summ = {"M": m, "config": cfg.key(), "rel_err": err,
+            "step_period_us": round(sc["end_max"] - sp["end_max"], 2),
+            "gap_prev_end_to_start_us": round(sc["start_min"] - sp["end_max"], 2),
+            "prev": sp, "cur": sc}
+    return summ, us
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fused_timeline"))
+    ap.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU)")
+    args = ap.parse_args()
+    if args.precompile:
+        from executors.cute.config import ext_fab_config
+
+        for m, cfg in configs():
+            ec.get_fused_kernel(cfg, NP, H, NQ, NFB, NFA, arch="sm_90a")
+            if cfg.ext:
+                ec.get_kernel(ext_fab_config(cfg, m, NP - NQ, H), NP - NQ, H, arch="sm_90a")
+        print(f"precompiled {len(CASES)} dbg kernels into {ec.cache_dir()}")
+        return
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = []
+    for m, cfg in configs():
+        summ, us = run(m, cfg)
+        res.append({"summary": summ, "blocks": us})
+        print(json.dumps(summ), flush=True)
+    (out / "fused_timeline.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "cases": res}))
+
+
+if __name__ == "__main__":
+    main()
