@@ -438,20 +438,13 @@ VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # faster (results/kda_kernels/2026-11-30_h200_run7_variants.md); run8 times consumer passes
 # run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies;
 # run11: early PDL triggers (results/kda_kernels/; run10/run11's knobs were removed again);
-# run12: producer L2 prefetch (ppf) and consumers-first block order (cf) for the fused kernel;
-# run13: F_A/beta as a split-N launch before the fused grid (ext).
+# run12: producer L2 prefetch (ppf, now the M <= 8 default) and consumers-first block order
+# (cf); run13: F_A/beta as a split-N launch before the fused grid (ext); cf and ext were
+# slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_run13.md).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {}),
     (2, 8, 4, 2, 1, {"ppf": 1}),
     (2, 8, 4, 2, 4, {"ppf": 1}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "minb": 4}),
-    (2, 8, 4, 2, 4, {"ppf": 1, "minb": 4}),
-    (1, 4, 4, 4, 1, {"ppf": 1}),
-    (2, 8, 4, 2, 1, {"ext": 1}),
-    (2, 8, 4, 2, 4, {"ext": 1}),
-    (2, 8, 4, 2, 1, {"ext": 1, "fab_rows": 1, "fab_vec": 7}),
-    (2, 8, 4, 2, 1, {"ext": 1, "fab_rows": 2, "fab_vec": 7}),
-    (2, 8, 4, 2, 4, {"ext": 1, "fab_rows": 1, "fab_vec": 7}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra)
     (2, 8, 4, {}), (1, 4, 4, {})]
@@ -556,9 +549,6 @@ def precompile(arch="sm_90a", sweep=True):
                 ec.get_kernel(cb, NFB, NFA, arch=arch)
     for c in fused:
         ec.get_fused_kernel(c, NP, H, NQ, NFB, NFA, arch=arch)
-        if c.ext:
-            for m in (1, 4, 8, 9, 12, 16):
-                ec.get_kernel(ec.ext_fab_config(c, m, NP - NQ, H), NP - NQ, H, arch=arch)
     log(f"precompiled {len(need)} + {len(fused)} fused kernels into {ec.cache_dir()} "
         f"in {time.time() - t0:.0f}s")
 

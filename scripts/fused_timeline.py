@@ -30,9 +30,6 @@ CASES = [  # (M, extra config fields)
     (8, dict(m_tile=8, ppf=1, minb=4)),
     (16, dict(m_tile=16)), (16, dict(m_tile=16, ppf=1)), (16, dict(m_tile=16, ppf=1, fb_passes=4)),
     (16, dict(m_tile=16, ppf=1, minb=4)),
-    (1, dict(m_tile=8, ext=1)), (8, dict(m_tile=8, ext=1)), (16, dict(m_tile=16, ext=1)),
-    (8, dict(m_tile=8, ext=1, fab_rows=1, fab_vec=7)), (16, dict(m_tile=16, ext=1, fab_rows=1, fab_vec=7)),
-    (8, dict(m_tile=8, ext=1, fab_rows=2, fab_vec=7)), (16, dict(m_tile=16, ext=1, fab_rows=2, fab_vec=7)),
 ]
 
 
@@ -50,10 +47,7 @@ def _summary(m, cfg, rec, z):
     us = [[(r[0] - z) / 1e3, (r[1] - z) / 1e3 if r[1] else None, (r[2] - z) / 1e3, r[3]] for r in rec]
 
     def role(b):  # block index -> role, as build_fused maps it
-        sb = b
-        if cfg.cf and b >= p:
-            sb = b + (t_all - p) if b < p + c else b - c
-        return "producer" if sb < p else ("stream" if sb < t_all else "consumer")
+        return "producer" if b < p else ("stream" if b < t_all else "consumer")
 
     roles = {"producer": [], "stream": [], "consumer": []}
     for b, r in enumerate(us):
@@ -126,12 +120,8 @@ def main():
     ap.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU)")
     args = ap.parse_args()
     if args.precompile:
-        from executors.cute.config import ext_fab_config
-
-        for m, cfg in configs():
+        for _, cfg in configs():
             ec.get_fused_kernel(cfg, NP, H, NQ, NFB, NFA, arch="sm_90a")
-            if cfg.ext:
-                ec.get_kernel(ext_fab_config(cfg, m, NP - NQ, H), NP - NQ, H, arch="sm_90a")
         print(f"precompiled {len(CASES)} dbg kernels into {ec.cache_dir()}")
         return
     import torch

@@ -226,6 +226,29 @@ def test_fused_ptx(m):
     assert ptx.index("griddepcontrol.wait", waits[1]) < ptx.index("ld.acquire.gpu")
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert ".local" not in ptx
+    # M <= 8: the producers bulk-prefetch their weight rows into L2 (ppf) before the wait
+    assert cfg.ppf == (1 if m <= 8 else 0)
+    if cfg.ppf:
+        assert "cp.async.bulk.prefetch.L2.global" in ptx
+        assert ptx.find("cp.async.bulk.prefetch") < waits[0]
+    else:
+        assert "cp.async.bulk.prefetch" not in ptx
+
+
+def test_dbg_timeline_knob():
+    """dbg stamps %globaltimer/%smid from one thread per block; only for the fused kind."""
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, dbg=1).check(8, NP, 7168)
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, ppf=1).check(8, NP, 7168)
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
+    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_dbg_pdl1")
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    ptx = ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+    # start stamp in both branches, mid + end in producers (one per branch) and consumers
+    assert ptx.count("%globaltimer") == 5 and ptx.count("%smid") == 1
+    assert "%globaltimer" not in ec.compile_fused_for_arch(
+        ec.default_fused_config(8, NP, 7168, NFA), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
 
 
 def test_variant_knobs_compile():
@@ -274,6 +297,41 @@ def test_gpu_fused_step(m):
         _check(out, ref, f"fused out M={m}")
         _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused g1 M={m}")
     assert torch.isnan(big[:, :16].float()).all() and torch.isnan(big[:, 16 + NP:].float()).all()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 16])
+def test_gpu_fused_dbg_stamps(m):
+    """dbg timeline records: one per block, start <= mid <= end, consumers see f_a only
+    after every producer stamped its mid point; outputs stay correct."""
+    import torch
+
+    from executors.cute.config import fused_grid
+
+    torch.manual_seed(700 + m)
+    mt = 8 if m <= 8 else 16
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
+    t_all, _, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
+    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
+    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ws = torch.zeros(4 + 8 * (t_all + c), dtype=torch.int32, device="cuda")
+    ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg, workspace=ws)
+    torch.cuda.synchronize()
+    ref = x.float() @ wp.float().t()
+    _check(out, ref, "dbg out")
+    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), "dbg g1")
+    rec = ws[4:].view(torch.int64).view(t_all + c, 4).cpu()
+    assert int(ws[0]) == 0, "counter must reset itself"
+    assert (rec[:, 0] > 0).all() and (rec[:, 2] >= rec[:, 0]).all()
+    assert (rec[:p, 1] >= rec[:p, 0]).all() and (rec[:p, 2] >= rec[:p, 1]).all()
+    assert (rec[p:t_all, 1] == 0).all(), "plain stream tiles have no mid stamp"
+    cons = rec[t_all:]
+    assert (cons[:, 1] >= rec[:p, 1].max()).all() and (cons[:, 2] >= cons[:, 1]).all()
+    assert ((rec[:, 3] >= 0) & (rec[:, 3] < torch.cuda.get_device_properties(0).multi_processor_count)).all()
 
 
 @pytest.mark.gpu

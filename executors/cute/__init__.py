@@ -58,7 +58,6 @@ from .config import (
     MAX_M,
     Config,
     check_fused,
-    ext_fab_config,
     configs_for,
     default_config,
     default_fused_config,
@@ -79,7 +78,6 @@ __all__ = [
     "get_kernel",
     "cache_dir",
     "kda_fused_step",
-    "ext_fab_config",
     "supports_fused",
     "default_fused_config",
     "compile_fused_for_arch",
@@ -436,8 +434,5 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
     elif workspace.dtype != torch.int32 or workspace.numel() < 1:
         raise ValueError("workspace must be an int32 tensor with >= 1 element (zeroed once)")
     fn = get_fused_kernel(cfg, n, k, fa_col, nb, kb)
-    if cfg.ext:  # F_A/beta first (split-N, triggers its dependent at once), then the grid
-        skinny_gemm(x, w_packed[fa_col:], out[:, fa_col:],
-                    config=ext_fab_config(cfg, m, n - fa_col, k))
     fn(x, w_packed, out, w_fb, g1, workspace[:1])
     return out, g1

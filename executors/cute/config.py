@@ -62,21 +62,9 @@ class Config:
     # fused: producer blocks (the tiles holding f_a) bulk-prefetch ALL their weights into L2
     # at launch, so they finish early and F_B runs in the middle of the grid, not after it
     ppf: int = 0
-    # fused: consumer blocks come right after the producers in block order (dispatched in the
-    # first wave even when the grid is larger than one wave) instead of last
-    cf: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
-    # fused: F_A/beta (columns a0..N) come from a split-N launch made just before (PDL); this
-    # grid streams only columns [0, a0), its streaming blocks skip griddepcontrol.wait (they
-    # read x only, which the split-N launch already waited for) and its consumers run F_B
-    # once griddepcontrol.wait says the split-N launch is done (no producers, no counter)
-    ext: int = 0
-    # ext: the split-N config of that launch (0 = default_config's); small blocks (128
-    # threads: vec 7) can sit next to the streaming grid's blocks on every SM
-    fab_rows: int = 0
-    fab_vec: int = 0
 
     def _suffix(self) -> str:
         s = ""
@@ -92,10 +80,6 @@ class Config:
             s += f"_fp{self.fb_passes}"
         if self.ppf:
             s += "_ppf"
-        if self.cf:
-            s += "_cf"
-        if self.ext:
-            s += "_ext" + (f"{self.fab_rows}x{self.fab_vec}" if self.fab_rows else "")
         if self.dbg:
             s += "_dbg"
         return s
@@ -172,9 +156,9 @@ class Config:
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.cf, self.dbg, self.ext)
+        knobs = (self.ppf, self.dbg)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, cf, dbg and ext are 0/1 knobs of the fused kind"
+            return "ppf and dbg are 0/1 knobs of the fused kind"
         return None
 
 
@@ -250,8 +234,6 @@ def fused_grid(cfg: Config, n: int, a0: int, kb: int, nb: int) -> tuple[int, int
     """(stream tiles T, first producer tile t0, producer tiles P, consumer blocks C)."""
     rows = 8 * cfg.tiles
     c = -(-nb // (8 * cfg.fb_tiles * cfg.fb_passes * cfg.warps_k))
-    if cfg.ext:  # columns a0.. come from the split-N launch before: no producers
-        return -(-a0 // rows), 0, 0, c
     t_all = -(-n // rows)
     t0 = a0 // rows
     p = -(-(a0 + kb) // rows) - t0
@@ -270,12 +252,6 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
         return f"dependent columns [{a0}, {a0 + kb}) must be 8-aligned, K_B % 32 == 0, inside N={n}"
     if nb < 1:
         return "N_B must be positive"
-    if cfg.ext and (a0 % (8 * cfg.tiles) or cfg.ppf or cfg.cf):
-        return "ext needs fa_col % (8 * tiles) == 0 (and no ppf/cf: there are no producers)"
-    if cfg.ext:
-        why = ext_fab_config(cfg, m, n - a0, k).check(m, n - a0, k)
-        if why is not None:
-            return f"F_A/beta split-N config: {why}"
     if cfg.fb_tiles * (kb // 32) > 16:
         return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
     return None
@@ -296,22 +272,17 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128) -> Config:
     base = default_config(m, n, k)
     if base.kind != "stream":
         raise ValueError(f"no fused config for N={n} K={k} (kind {base.kind})")
+    ppf = 0
     if m <= 8:  # H200 fused sweep 2026-11-30 run5 at M=8: t2/wk8/u4 best (24.40 us/step)
         base = Config(kind="stream", m_tile=8, tiles=2, warps_k=8, unroll=4)
         if base.check(m, n, k) is not None:
             base = default_config(m, n, k)
+        else:  # run12a/12b/13b: producer L2 prefetch 0.2-0.5 us faster at M = 1, 4, 8
+            ppf = 1
     fb = max(1, min(16 // base.warps_k, 4 // max(1, kb // 128)))
     while fb > 1 and fb * (kb // 32) > 16:
         fb //= 2
-    return dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb)
-
-
-def ext_fab_config(cfg: Config, m: int, n: int, k: int) -> Config:
-    """The split-N config of the F_A/beta launch that an ext fused config makes first."""
-    if cfg.fab_rows:
-        return Config(kind="split_n", m_tile=_m_tile(m, "split_n"), rows=cfg.fab_rows,
-                      vec=cfg.fab_vec, pdl=cfg.pdl)
-    return default_config(m, n, k)
+    return dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb, ppf=ppf)
 
 
 def default_config(m: int, n: int, k: int) -> Config:

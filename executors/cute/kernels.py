@@ -485,9 +485,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     and count themselves in; the last arrival resets the counter to 0, so no memset is
     needed between launches or graph replays. No ordering assumption is needed to be
     deadlock-free: producers never wait, and C is far below the resident capacity.
-    Knobs: ``ppf`` makes the producers bulk-prefetch all their weight rows into L2 at launch
-    (they then finish long before the streaming blocks, and F_B runs mid-grid instead of
-    after it); ``cf`` puts the consumers right after the producers in block order.
+    Knob ``ppf``: the producers bulk-prefetch all their weight rows into L2 at launch (H200
+    run12/13: 0.2-0.5 us per step faster at M <= 8; a graph-replay timeline shows the
+    producers still finish near the end, so F_B stays a 1-2 us tail). ``dbg`` stamps
+    %globaltimer per block into the workspace (scripts/fused_timeline.py).
     """
     from .config import fused_grid
 
@@ -511,9 +512,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     WL = cfg.wl
     W_STEP = 512 if WL else 64
     PPF = cfg.ppf
-    CF = cfg.cf
     DBG = cfg.dbg
-    EXT = cfg.ext
     N = n
     K = k
     NB = nb
@@ -537,16 +536,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         if cutlass.const_expr(DBG):
             if tid == 0:
                 _stamp(ctr, bid, 0)
-        # sb = position in the order [producers | other stream tiles | consumers]; with CF
-        # the consumers are launched right after the producers instead
-        sb = bid
-        if cutlass.const_expr(CF):
-            if bid >= P:
-                if bid < P + C:
-                    sb = bid + (T_ALL - P)
-                else:
-                    sb = bid - C
-
+        sb = bid  # position in the order [producers | other stream tiles | consumers]
         if sb < T_ALL:
             # ---------------- streaming part (producers first) ----------------
             tile = sb
@@ -575,8 +565,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
             w_cur = load_w(0)
             if cutlass.const_expr(PDL):
-                if cutlass.const_expr(not EXT):  # EXT: x was waited for by the split-N launch
-                    cute.arch.griddepcontrol_wait()
+                cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
 
             sx = mX.stride[0]
@@ -633,7 +622,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     if m < m_rows:
                         if col < N:
                             mO[m, col] = s.to(BFloat16)
-            if sb < P:  # (never true with EXT: P == 0)
+            if sb < P:
                 if cutlass.const_expr(DBG):
                     if tid == 0:
                         _stamp(ctr, bid, 1)
@@ -671,10 +660,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
-            if cutlass.const_expr(not EXT):  # EXT: griddepcontrol.wait above covered f_a
-                if tid == 0:
-                    wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
-                cute.arch.sync_threads()
+            if tid == 0:
+                wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
+            cute.arch.sync_threads()
             if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 1)
