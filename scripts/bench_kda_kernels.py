@@ -442,14 +442,23 @@ VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # (cf); run13: F_A/beta as a split-N launch before the fused grid (ext); cf and ext were
 # slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_run13.md).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
-    (2, 8, 4, 2, 1, {}),
     (2, 8, 4, 2, 1, {"ppf": 1}),
-    (2, 8, 4, 2, 4, {"ppf": 1}),
+    # run17: the run16 stream shape (2 warps along N x 8 along K, 512 threads, > 1 wave)
+    (1, 8, 4, 1, 1, {"warps_n": 2}),
+    (1, 8, 4, 1, 1, {"warps_n": 2, "ppf": 1}),
+    (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
+    (1, 8, 4, 2, 1, {"warps_n": 2}),
+    (2, 4, 4, 2, 1, {"warps_n": 2}),
 ]
-VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra)
-    (2, 8, 4, {}), (1, 4, 4, {})]
+VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
+    # share their x slices (through L1) instead of each reading its own K slice of x; run16
+    # also timed t1/wn2/wk4/u4|u2, t1/wn4/wk2/u4|u8, t2/wn2/wk4/u4 (all slower, see its table)
+    (2, 8, 4, {}), (1, 4, 4, {}), (1, 8, 4, {"warps_n": 2})]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
-    ({}, {})]
+    # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
+    # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)
+    ({}, {}),
+]
 
 
 def vsweep_e(m):
@@ -476,6 +485,7 @@ def vsweep_fused(m):
 def vsweep_stream(m):
     mt = 8 if m <= 8 else 16
     out = [Config("stream", m_tile=mt, tiles=t, warps_k=wk, unroll=u, **extra) for t, wk, u, extra in VSWEEP_STREAM]
+    out = list(dict.fromkeys(out))
     return [c for c in out if c.check(m, NP, H) is None]
 
 

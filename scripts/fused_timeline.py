@@ -26,10 +26,11 @@ from executors.cute.config import Config, fused_grid  # noqa: E402
 NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
 BASE = dict(kind="fused", tiles=2, warps_k=8, unroll=4, fb_tiles=2, dbg=1)
 CASES = [  # (M, extra config fields)
-    (1, dict(m_tile=8)), (8, dict(m_tile=8)), (8, dict(m_tile=8, ppf=1)),
-    (8, dict(m_tile=8, ppf=1, minb=4)),
-    (16, dict(m_tile=16)), (16, dict(m_tile=16, ppf=1)), (16, dict(m_tile=16, ppf=1, fb_passes=4)),
-    (16, dict(m_tile=16, ppf=1, minb=4)),
+    (1, dict(m_tile=8, ppf=1)), (8, dict(m_tile=8, ppf=1)),
+    (1, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
+    (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
+    (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1)),
+    (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
 ]
 
 

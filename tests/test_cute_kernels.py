@@ -266,6 +266,13 @@ def test_variant_knobs_compile():
     assert "cp.async.bulk.prefetch.L2.global" in ptx
     assert ptx.find("cp.async.bulk.prefetch") < ptx.find("griddepcontrol.wait")
     assert ".local" not in ptx
+    # fused with warps along N (run17): grid and consumer count follow warps_n
+    w = ec.Config("fused", m_tile=8, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1)
+    assert ec.check_fused(w, 8, NP, 7168, NQ, NFB, NFA) is None and "_t1_wn2_wk8_" in w.key()
+    assert fused_grid(w, NP, NQ, NFA, NFB) == (393, 384, 8, 12)
+    ptx = ec.compile_fused_for_arch(w, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+    assert ".maxntid 512" in ptx or "512, 1, 1" in ptx or ".reqntid 512" in ptx
+    assert ".local" not in ptx
     s = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, minb=3, carve=0)
     ptx = ec.compile_for_arch(s, NP, 7168, arch="sm_90a")
     assert re.search(r"\.minnctapersm\s+3", ptx) and "griddepcontrol.wait" in ptx
@@ -297,6 +304,29 @@ def test_gpu_fused_step(m):
         _check(out, ref, f"fused out M={m}")
         _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused g1 M={m}")
     assert torch.isnan(big[:, :16].float()).all() and torch.isnan(big[:, 16 + NP:].float()).all()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [3, 12])
+def test_gpu_fused_warps_n(m):
+    """fused configs with 2 warps along N (512 threads): poisoned outputs, fp32 reference."""
+    import torch
+
+    torch.manual_seed(800 + m)
+    mt = 8 if m <= 8 else 16
+    cfg = ec.Config("fused", m_tile=mt, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1, ppf=1)
+    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
+    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
+    torch.cuda.synchronize()
+    ref = x.float() @ wp.float().t()
+    _check(out, ref, f"fused wn2 out M={m}")
+    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused wn2 g1 M={m}")
 
 
 @pytest.mark.gpu

@@ -495,13 +495,15 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     MT = cfg.m_tile
     R = cfg.tiles
     WK = cfg.warps_k
+    WN = cfg.warps_n
+    NW = WN * WK  # warps per block
     U = cfg.unroll
     RB = cfg.fb_tiles
     STEPS = k // 32
     JW = STEPS // WK
     NIT = JW // U
-    NTHR = 32 * WK
-    OUT_BLK = R * MT * 8
+    NTHR = 32 * NW
+    OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
     T_ALL, T0, P, C = fused_grid(cfg, n, a0, kb, nb)
     GRID = T_ALL + C
     TOTAL = P + C
@@ -545,8 +547,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             else:
                 if sb - P < T0:
                     tile = sb - P
-            wk = warp
-            n_tile0 = tile * (8 * R)
+            wn = warp % WN  # warps side by side along N share their x slices (via L1)
+            wk = warp // WN
+            blk0 = tile * (8 * R * WN)
+            n_tile0 = blk0 + wn * (8 * R)
             w_base = mW.iterator.toint()
             w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
@@ -606,7 +610,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
                     for e in cutlass.range_constexpr(2):
-                        idx = (wk * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
+                        idx = ((wk * WN + wn) * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
                         red[idx] = acc[r][2 * h + e]
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
@@ -617,8 +621,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         s = s + red[q * OUT_BLK + idx]
                     col8 = idx % 8
                     m = (idx // 8) % MT
-                    rr = idx // (8 * MT)
-                    col = n_tile0 + rr * 8 + col8
+                    rr = idx // (8 * MT)  # n8 tile within the block (wn * R + r)
+                    col = blk0 + rr * 8 + col8
                     if m < m_rows:
                         if col < N:
                             mO[m, col] = s.to(BFloat16)
@@ -639,7 +643,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             # later passes' rows are bulk-prefetched into L2 up front and loaded after the
             # previous pass (FP > 1 keeps the consumer blocks few, so the grid fits one wave)
             cb = sb - T_ALL
-            row0 = (cb * WK + warp) * (8 * RB * FP)
+            row0 = (cb * NW + warp) * (8 * RB * FP)
             wb_base = mWB.iterator.toint()
 
             def load_wb(ps):
