@@ -12,7 +12,6 @@ block, the step period, and how many blocks started late (a second wave). Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
