@@ -444,11 +444,12 @@ VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {"ppf": 1}),
     # run17: the run16 stream shape (2 warps along N x 8 along K, 512 threads, > 1 wave)
-    (1, 8, 4, 1, 1, {"warps_n": 2}),
-    (1, 8, 4, 1, 1, {"warps_n": 2, "ppf": 1}),
+    # (run17 also timed t1/wn2/wk8 fb1|fb2 +-ppf and t2/wn2/wk4 fb2: none faster)
     (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
-    (1, 8, 4, 2, 1, {"warps_n": 2}),
-    (2, 4, 4, 2, 1, {"warps_n": 2}),
+    # run19: split-K F_A/beta prologue by a helper warp per block (executors/cute/fused_sk.py)
+    (2, 8, 4, 2, 1, {"sk": 1}),
+    (2, 8, 4, 2, 1, {"sk": 1, "spad": 64}),
+    (2, 8, 4, 2, 1, {"sk": 1, "spad": 40}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
