@@ -440,16 +440,14 @@ VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # run11: early PDL triggers (results/kda_kernels/; run10/run11's knobs were removed again);
 # run12: producer L2 prefetch (ppf, now the M <= 8 default) and consumers-first block order
 # (cf); run13: F_A/beta as a split-N launch before the fused grid (ext); cf and ext were
-# slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_run13.md).
+# slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_to_run19.md).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {"ppf": 1}),
     # run17: the run16 stream shape (2 warps along N x 8 along K, 512 threads, > 1 wave)
     # (run17 also timed t1/wn2/wk8 fb1|fb2 +-ppf and t2/wn2/wk4 fb2: none faster)
     (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
-    # run19: split-K F_A/beta prologue by a helper warp per block (executors/cute/fused_sk.py)
-    (2, 8, 4, 2, 1, {"sk": 1}),
-    (2, 8, 4, 2, 1, {"sk": 1, "spad": 64}),
-    (2, 8, 4, 2, 1, {"sk": 1, "spad": 40}),
+    # run19 timed a split-K F_A/beta prologue by a helper warp per block (knob sk, commit
+    # 82b64c2, removed again: slower, results/kda_kernels/2026-11-30_h200_run19*)
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
