@@ -435,7 +435,7 @@ def needed_fused():
 # ---- variant sweep (2026-11-30 run7): L2 bulk prefetch, tile shapes, launch attributes ----
 VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
-# faster (results/kda_kernels/2026-11-30_h200_run7_variants.md); run8 times consumer passes
+# faster (results/kda_kernels/2026-11-30_h200_run7_run8_variants.md); run8 times consumer passes
 # run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies;
 # run11: early PDL triggers (results/kda_kernels/; run10/run11's knobs were removed again);
 # run12: producer L2 prefetch (ppf, now the M <= 8 default) and consumers-first block order
