@@ -273,18 +273,6 @@ def test_variant_knobs_compile():
     ptx = ec.compile_fused_for_arch(w, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
     assert ".maxntid 512" in ptx or "512, 1, 1" in ptx or ".reqntid 512" in ptx
     assert ".local" not in ptx
-    # sk (split-K F_A/beta prologue): one helper warp more, 2 self-resetting counters
-    from executors.cute.config import sk_geometry, workspace_ints
-
-    k8 = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, sk=1)
-    assert ec.check_fused(k8, 8, NP, 7168, NQ, NFB, NFA) is None and k8.key().endswith("_sk_pdl1")
-    assert sk_geometry(k8, NP, 7168, NQ, NFB, NFA) == (384, 18, 28, 504, 12, 10)
-    assert workspace_ints(k8, NP, 7168, NQ, NFB, NFA) == 16 + 504 * 64
-    assert "sk" in ec.check_fused(ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4,
-                                            fb_tiles=2, sk=1, ppf=1), 8, NP, 7168, NQ, NFB, NFA)
-    ptx = ec.compile_fused_for_arch(k8, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
-    assert ptx.count("griddepcontrol.wait") == 3 and "ld.acquire.gpu" in ptx
-    assert "red.release.gpu" in ptx and "st.global.f32" in ptx and ".local" not in ptx
     s = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, minb=3, carve=0)
     ptx = ec.compile_for_arch(s, NP, 7168, arch="sm_90a")
     assert re.search(r"\.minnctapersm\s+3", ptx) and "griddepcontrol.wait" in ptx
@@ -339,52 +327,6 @@ def test_gpu_fused_warps_n(m):
     ref = x.float() @ wp.float().t()
     _check(out, ref, f"fused wn2 out M={m}")
     _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused wn2 g1 M={m}")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
-def test_gpu_fused_sk(m):
-    """split-K F_A/beta prologue (sk=1): poisoned outputs vs fp32, repeated launches (both
-    counters reset themselves) and replay of a graph with two steps."""
-    import torch
-
-    from executors.cute.config import workspace_ints
-
-    torch.manual_seed(600 + m)
-    mt = 8 if m <= 8 else 16
-    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, sk=1)
-    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
-    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
-    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
-    ws = torch.zeros(workspace_ints(cfg, NP, 7168, NQ, NFB, NFA), dtype=torch.int32, device="cuda")
-    outs = [(torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16),
-             torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
-    for o, g in outs + outs:
-        ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg, workspace=ws)
-    torch.cuda.synchronize()
-    assert int(ws[0]) == 0 and int(ws[1]) == 0, "counters must reset themselves"
-    ref = x.float() @ wp.float().t()
-    for o, g in outs:
-        _check(o, ref, f"sk out M={m}")
-        _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"sk g1 M={m}")
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=side):
-        for o, g in outs:
-            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg, workspace=ws)
-    for _ in range(2):
-        for o, g in outs:
-            o.fill_(float("nan"))
-            g.fill_(float("nan"))
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = x.float() @ wp.float().t()
-        for o, g in outs:
-            _check(o, ref, "sk graph out")
-            _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "sk graph g1")
 
 
 @pytest.mark.gpu

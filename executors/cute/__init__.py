@@ -58,7 +58,6 @@ from .config import (
     MAX_M,
     Config,
     check_fused,
-    workspace_ints,
     configs_for,
     default_config,
     default_fused_config,
@@ -177,7 +176,7 @@ def _cutlass_version() -> str:
 def _source_hash() -> str:
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for name in ("kernels.py", "config.py", "fused_sk.py"):
+    for name in ("kernels.py", "config.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()[:12]
 
@@ -361,12 +360,7 @@ def _compile_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int, arch:
     tag = (f"{cfg.key()}_n{n}_k{k}_a{a0}_nb{nb}_kb{kb}_{arch}_{_cutlass_version()}_"
            f"{_source_hash()}")
     fname = "kdafused_" + hashlib.sha256(tag.encode()).hexdigest()[:20]
-    build = kernels.compile_fused_tvm_ffi
-    if cfg.sk:
-        from . import fused_sk
-
-        build = fused_sk.compile_tvm_ffi
-    return disk_cached(fname, tag, lambda: build(
+    return disk_cached(fname, tag, lambda: kernels.compile_fused_tvm_ffi(
         cfg, n, k, a0, nb, kb, extra_options=f"--gpu-arch {arch}"), use_disk)
 
 
@@ -381,22 +375,17 @@ def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb:
     """Compile the fused kernel without a GPU and return the PTX text."""
     from . import kernels
 
-    build = kernels.compile_fused_tvm_ffi
-    if config.sk:
-        from . import fused_sk
-
-        build = fused_sk.compile_tvm_ffi
     with _lock:
-        return ptx_of(lambda opts: build(config, n, k, a0, nb, kb, extra_options=opts), arch)
+        return ptx_of(lambda opts: kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts), arch)
 
 
-def _workspace_for(device, nints: int = 1):
+def _workspace_for(device):
     import torch
 
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     ws = _workspaces.get(key)
-    if ws is None or ws.numel() < nints:  # counters are 0 between launches: a larger one may replace it
-        ws = torch.zeros(nints, dtype=torch.int32, device=device)
+    if ws is None:
+        ws = torch.zeros(1, dtype=torch.int32, device=device)
         _workspaces[key] = ws
     return ws
 
@@ -440,11 +429,10 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
     why = check_fused(cfg, m, n, k, fa_col, nb, kb)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run this step: {why}")
-    need = workspace_ints(cfg, n, k, fa_col, nb, kb)
     if workspace is None:
-        workspace = _workspace_for(x.device, need)
-    elif workspace.dtype != torch.int32 or workspace.numel() < need or not workspace.is_contiguous():
-        raise ValueError(f"workspace must be a contiguous int32 tensor with >= {need} elements (zeroed once)")
+        workspace = _workspace_for(x.device)
+    elif workspace.dtype != torch.int32 or workspace.numel() < 1:
+        raise ValueError("workspace must be an int32 tensor with >= 1 element (zeroed once)")
     fn = get_fused_kernel(cfg, n, k, fa_col, nb, kb)
     fn(x, w_packed, out, w_fb, g1, workspace[:1])
     return out, g1

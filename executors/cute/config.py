@@ -65,12 +65,6 @@ class Config:
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
-    # fused: split-K F_A/beta prologue (executors/cute/fused_sk.py): one extra helper warp per
-    # block computes an 8-step slice of the F_A/beta rows at launch, so f_a is complete early
-    sk: int = 0
-    # tensor-core kinds: extra (unused) shared memory per block in KiB; with a pinned carveout
-    # (carve) it caps how many blocks share an SM without shrinking L1 much (0 = none)
-    spad: int = 0
 
     def _suffix(self) -> str:
         s = ""
@@ -88,10 +82,6 @@ class Config:
             s += "_ppf"
         if self.dbg:
             s += "_dbg"
-        if self.sk:
-            s += "_sk"
-        if self.spad:
-            s += f"_sp{self.spad}"
         return s
 
     def key(self) -> str:
@@ -163,15 +153,13 @@ class Config:
             return "minb * threads must be <= 2048 and carve in -1..100"
         if self.pf < 0:
             return "pf must be >= 0"
-        if not 0 <= self.spad <= 200 or self.kind == "split_n" and self.spad:
-            return "spad (KiB) must be in 0..200, tensor-core kinds only"
         if self.wl not in (0, 1):
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.sk)
+        knobs = (self.ppf, self.dbg)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, dbg and sk are 0/1 knobs of the fused kind"
+            return "ppf and dbg are 0/1 knobs of the fused kind"
         return None
 
 
@@ -271,39 +259,7 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
         return "N_B must be positive"
     if cfg.fb_tiles * (kb // 32) > 16:
         return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
-    if cfg.sk:
-        if cfg.warps_n != 1 or cfg.pf or cfg.ppf or cfg.wl or cfg.dbg:
-            return "sk needs warps_n == 1 and no pf / ppf / wl / dbg"
-        if 32 * (cfg.warps_k + 1) > 1024:
-            return "sk adds a helper warp: warps_k + 1 must be <= 32"
-        try:
-            sk_geometry(cfg, n, k, a0, nb, kb)
-        except ValueError as e:
-            return str(e)
     return None
-
-
-def sk_geometry(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
-    """(stream blocks T_S, F_A/beta n8 tiles TJ, units per tile CH, UNITS, consumers C, units per
-    consumer UC) of the sk schedule; ValueError if the units do not split evenly."""
-    sks = 8
-    rows = 8 * cfg.tiles
-    if a0 % rows or (n - a0) % 8 or (k // 32) % sks:
-        raise ValueError(f"sk needs fa_col % {rows} == 0, (N - fa_col) % 8 == 0, K/32 % {sks} == 0")
-    t_s, tj, ch = a0 // rows, (n - a0) // 8, (k // 32) // sks
-    units = tj * ch
-    c = -(-nb // (8 * cfg.fb_tiles * cfg.fb_passes * cfg.warps_k))
-    if units <= t_s or (units - t_s) % c:
-        raise ValueError(f"sk: {units} units - {t_s} streaming blocks do not split over {c} consumers")
-    return t_s, tj, ch, units, c, (units - t_s) // c
-
-
-def workspace_ints(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int) -> int:
-    """int32 elements of the workspace a fused config needs (counter; sk: 2 counters + partials)."""
-    if not cfg.sk:
-        return 1
-    units = sk_geometry(cfg, n, k, a0, nb, kb)[3]
-    return 16 + units * cfg.m_tile * 8
 
 
 # The single fused kernel is used up to this M; above it (m_tile 16) the H200 run of

@@ -277,7 +277,6 @@ def build_tc(cfg: Config, n: int, k: int):
     PDL = cfg.pdl
     PF = cfg.pf
     WL = cfg.wl
-    SPAD = cfg.spad
     W_STEP = 512 if WL else 64  # bytes between a lane's consecutive 32-wide K steps
     N = n
     K = k
@@ -363,8 +362,6 @@ def build_tc(cfg: Config, n: int, k: int):
         else:
             smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-            if cutlass.const_expr(SPAD > 0):  # unused: caps blocks per SM (with a pinned carveout)
-                smem.allocate_tensor(Float32, cute.make_layout(SPAD * 256), byte_alignment=16)
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
                     for e in cutlass.range_constexpr(2):
@@ -518,7 +515,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     W_STEP = 512 if WL else 64
     PPF = cfg.ppf
     DBG = cfg.dbg
-    SPAD = cfg.spad
     N = n
     K = k
     NB = nb
@@ -537,8 +533,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         m_rows = mX.shape[0]
         smem = _SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-        if cutlass.const_expr(SPAD > 0):  # unused: caps blocks per SM (with a pinned carveout)
-            smem.allocate_tensor(Float32, cute.make_layout(SPAD * 256), byte_alignment=16)
         ctr = mC.iterator.toint()
         so = mO.stride[0]
         if cutlass.const_expr(DBG):
