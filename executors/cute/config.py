@@ -201,13 +201,14 @@ def configs_for(m: int, n: int, k: int, kind: str | None = None) -> list[Config]
                     for u in (1, 2, 4):
                         cands.append(_tc("split_k", mt, tiles, wn, 1, u))
         else:
+            # warps along N share x slices (run16); listed first so a capped tuner still sees them
+            for tiles, wk in ((1, 4), (1, 8), (2, 4)):
+                for u in (2, 4):
+                    cands.append(_tc("stream", mt, tiles, 2, wk, u))
             for tiles in (1, 2, 4):
                 for wk in (4, 8, 16):
                     for u in (2, 4, 7, 8):
                         cands.append(_tc("stream", mt, tiles, 1, wk, u))
-            for tiles, wk in ((1, 4), (1, 8), (2, 4)):  # warps along N share x slices
-                for u in (2, 4):
-                    cands.append(_tc("stream", mt, tiles, 2, wk, u))
         out.extend(c for c in cands if c.check(m, n, k) is None)
     return out
 
