@@ -29,53 +29,36 @@ except Exception:  # pragma: no cover - 4.3 spelling
 # --------------------------------------------------------------------------------------
 # PTX helpers
 # --------------------------------------------------------------------------------------
-def _i32x4(res):
+def _ld_v4(instr: str, addr, loc, ip):
+    """One 128-bit global load `instr` (e.g. ld.global.v4.u32) as four i32 values."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        instr + " {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
     return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
 
 
 @dsl_user_op
 def ld_weights_v4(addr: Int64, *, loc=None, ip=None):
     """128-bit streaming load of read-only data (never written during the kernel)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return _i32x4(res)
+    return _ld_v4("ld.global.nc.L1::no_allocate.L2::256B.v4.u32", addr, loc, ip)
 
 
 @dsl_user_op
 def ld_act_v4(addr: Int64, *, loc=None, ip=None):
     """128-bit coherent load of activations (written by the previous kernel)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.v4.u32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return _i32x4(res)
+    return _ld_v4("ld.global.v4.u32", addr, loc, ip)
 
 
 @dsl_user_op
 def ld_l2_v4(addr: Int64, *, loc=None, ip=None):
     """128-bit load that bypasses L1 (data written by other blocks of this grid)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4),
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.cg.v4.u32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return _i32x4(res)
+    return _ld_v4("ld.global.cg.v4.u32", addr, loc, ip)
 
 
 @dsl_user_op
@@ -261,6 +244,52 @@ def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL
     return out
 
 
+def _load_w(w_addr, it: int, U: int, R: int, w_step: int):
+    """Weight vectors of K iteration `it`: U steps x R n8 tiles (see _weight_addrs)."""
+    return [ld_weights_v4(w_addr[r] + Int64((it * U + u) * w_step)) for u in range(U) for r in range(R)]
+
+
+def _x_addrs(x_base, sx, m_rows, g, koff):
+    """Byte addresses of x rows g and g + 8 (clamped to M - 1) at byte offset koff."""
+    return (x_base + Int64(_imin(g, m_rows - 1)) * Int64(sx) * 2 + koff,
+            x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff)
+
+
+def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int):
+    """x vectors (rows g, g + 8; the second is zero for m_tile 8) of K iteration `it`."""
+    regs = []
+    for u in range(U):
+        off = Int64((it * U + u) * 64)
+        xg = ld_act_v4(xg_addr + off)
+        xh = ld_act_v4(xh_addr + off) if MT == 16 else [Int32(0)] * 4
+        regs.append((xg, xh))
+    return regs
+
+
+def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
+                MT: int, R: int, U: int, NIT: int, PF: int):
+    """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
+    (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
+    loaded while iteration it runs its mma.sync steps. Returns this lane's R accumulators."""
+    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT)
+    acc = [[Float32(0.0)] * 4 for _ in range(R)]
+    for it in range(NIT):
+        if PF > 0 and it + PF < NIT:
+            _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
+        if it + 1 < NIT:
+            w_nxt = _load_w(w_addr, it + 1, U, R, w_step)
+            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT)
+        for u in range(U):
+            xg, xh = x_cur[u]
+            a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
+            for r in range(R):
+                acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
+        if it + 1 < NIT:
+            w_cur = w_nxt
+            x_cur = x_nxt
+    return acc
+
+
 def build_tc(cfg: Config, n: int, k: int):
     MT = cfg.m_tile
     R = cfg.tiles
@@ -297,17 +326,10 @@ def build_tc(cfg: Config, n: int, k: int):
         # byte address of this lane's first weight vector in each n8 tile
         w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
-        def load_w(it):
-            regs = []
-            for u in cutlass.range_constexpr(U):
-                for r in cutlass.range_constexpr(R):
-                    regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
-            return regs
-
         pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
         if cutlass.const_expr(PF > 0):
             _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
-        w_cur = load_w(0)
+        w_cur = _load_w(w_addr, 0, U, R, W_STEP)
         if cutlass.const_expr(PDL):
             cute.arch.griddepcontrol_wait()
             # let the next kernel launch now: it prefetches its own weights and then
@@ -318,37 +340,8 @@ def build_tc(cfg: Config, n: int, k: int):
         sx = mX.stride[0]
         x_base = mX.iterator.toint()
         koff = Int64((wk * JW * 32 + t * 8) * 2)
-        xg_addr = x_base + Int64(_imin(g, m_rows - 1)) * Int64(sx) * 2 + koff
-        xh_addr = x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff
-
-        def load_x(it):
-            regs = []
-            for u in cutlass.range_constexpr(U):
-                off = Int64((it * U + u) * 64)
-                xg = ld_act_v4(xg_addr + off)
-                if cutlass.const_expr(MT == 16):
-                    xh = ld_act_v4(xh_addr + off)
-                else:
-                    xh = [Int32(0)] * 4
-                regs.append((xg, xh))
-            return regs
-
-        x_cur = load_x(0)
-        acc = [[Float32(0.0)] * 4 for _ in range(R)]
-        for it in cutlass.range_constexpr(NIT):
-            if cutlass.const_expr(PF > 0 and it + PF < NIT):
-                _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
-            if cutlass.const_expr(it + 1 < NIT):
-                w_nxt = load_w(it + 1)
-                x_nxt = load_x(it + 1)
-            for u in cutlass.range_constexpr(U):
-                xg, xh = x_cur[u]
-                a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
-                for r in cutlass.range_constexpr(R):
-                    acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
-            if cutlass.const_expr(it + 1 < NIT):
-                w_cur = w_nxt
-                x_cur = x_nxt
+        xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
+        acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF)
 
         if cutlass.const_expr(WK == 1):
             for r in cutlass.range_constexpr(R):
@@ -554,20 +547,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             w_base = mW.iterator.toint()
             w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
 
-            def load_w(it):
-                regs = []
-                for u in cutlass.range_constexpr(U):
-                    for r in cutlass.range_constexpr(R):
-                        regs.append(ld_weights_v4(w_addr[r] + Int64((it * U + u) * W_STEP)))
-                return regs
-
             pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
             if cutlass.const_expr(PF > 0):
                 _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
             if cutlass.const_expr(PPF > 0):
                 if sb < P:
                     _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
-            w_cur = load_w(0)
+            w_cur = _load_w(w_addr, 0, U, R, W_STEP)
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
@@ -575,37 +561,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             sx = mX.stride[0]
             x_base = mX.iterator.toint()
             koff = Int64((wk * JW * 32 + t * 8) * 2)
-            xg_addr = x_base + Int64(_imin(g, m_rows - 1)) * Int64(sx) * 2 + koff
-            xh_addr = x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff
-
-            def load_x(it):
-                regs = []
-                for u in cutlass.range_constexpr(U):
-                    off = Int64((it * U + u) * 64)
-                    xg = ld_act_v4(xg_addr + off)
-                    if cutlass.const_expr(MT == 16):
-                        xh = ld_act_v4(xh_addr + off)
-                    else:
-                        xh = [Int32(0)] * 4
-                    regs.append((xg, xh))
-                return regs
-
-            x_cur = load_x(0)
-            acc = [[Float32(0.0)] * 4 for _ in range(R)]
-            for it in cutlass.range_constexpr(NIT):
-                if cutlass.const_expr(PF > 0 and it + PF < NIT):
-                    _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
-                if cutlass.const_expr(it + 1 < NIT):
-                    w_nxt = load_w(it + 1)
-                    x_nxt = load_x(it + 1)
-                for u in cutlass.range_constexpr(U):
-                    xg, xh = x_cur[u]
-                    a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
-                    for r in cutlass.range_constexpr(R):
-                        acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
-                if cutlass.const_expr(it + 1 < NIT):
-                    w_cur = w_nxt
-                    x_cur = x_nxt
+            xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
+            acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF)
 
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
