@@ -14,6 +14,7 @@ import re
 import pytest
 
 import executors.cute as ec
+from tests.cuteutil import gpu
 
 KDA_SHAPES = {"fa_beta": (144, 7168), "fb": (1536, 128), "qkvg": (6144, 7168)}
 ALL_M = list(range(1, 17))
@@ -83,16 +84,17 @@ def test_ptx_vector_loads_and_pdl(compiled_ptx):
 # --------------------------------------------------------------------------------------
 # GPU
 # --------------------------------------------------------------------------------------
-def _gpu_ready():
-    try:
-        import torch
-
-        return torch.cuda.is_available() and ec.available()
-    except Exception:
-        return False
 
 
-gpu = pytest.mark.skipif(not _gpu_ready(), reason="needs CUDA cc>=9.0 and cutlass")
+def _fused_inputs(m, seed):
+    """x [m, 7168], packed weight [NP, 7168], F_B weight [NFB, NFA] (bf16; weights / sqrt(K))."""
+    import torch
+
+    torch.manual_seed(seed)
+    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
+    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
+    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    return x, wp, wb
 
 
 def _check(out, ref, tag):
@@ -285,10 +287,7 @@ def test_variant_knobs_compile():
 def test_gpu_fused_step(m):
     import torch
 
-    torch.manual_seed(300 + m)
-    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
-    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
-    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    x, wp, wb = _fused_inputs(m, 300 + m)
     big = torch.full((m, NP + 24), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, 16:16 + NP]
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -313,12 +312,9 @@ def test_gpu_fused_warps_n(m):
     """fused configs with 2 warps along N (512 threads): poisoned outputs, fp32 reference."""
     import torch
 
-    torch.manual_seed(800 + m)
     mt = 8 if m <= 8 else 16
     cfg = ec.Config("fused", m_tile=mt, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1, ppf=1)
-    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
-    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
-    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    x, wp, wb = _fused_inputs(m, 800 + m)
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
     for _ in range(2):
@@ -339,13 +335,10 @@ def test_gpu_fused_dbg_stamps(m):
 
     from executors.cute.config import fused_grid
 
-    torch.manual_seed(700 + m)
     mt = 8 if m <= 8 else 16
     cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
     t_all, _, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
-    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
-    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
-    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    x, wp, wb = _fused_inputs(m, 700 + m)
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
     ws = torch.zeros(4 + 8 * (t_all + c), dtype=torch.int32, device="cuda")
@@ -370,10 +363,7 @@ def test_gpu_fused_dbg_stamps(m):
 def test_gpu_fused_graph_side_stream(m):
     import torch
 
-    torch.manual_seed(900 + m)
-    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
-    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
-    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    x, wp, wb = _fused_inputs(m, 900 + m)
     outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
              torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
     side = torch.cuda.Stream()
@@ -430,10 +420,7 @@ def test_gpu_tiled_weights(m):
     """wl=1 kernels on tile_weights(w) give x @ w^T (stream and fused), poisoned outputs."""
     import torch
 
-    torch.manual_seed(700 + m)
-    x = torch.randn(m, 7168, device="cuda", dtype=torch.bfloat16)
-    wp = torch.randn(NP, 7168, device="cuda", dtype=torch.bfloat16) / 7168**0.5
-    wb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) / NFA**0.5
+    x, wp, wb = _fused_inputs(m, 700 + m)
     wt = ec.tile_weights(wp)
     ref = x.float() @ wp.float().t()
     mt = 8 if m <= 8 else 16

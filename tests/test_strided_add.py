@@ -19,6 +19,7 @@ import pytest
 
 import executors.cute as ec
 from executors.cute import elementwise as ew
+from tests.cuteutil import gpu
 
 
 def test_import_and_supports_add():
@@ -78,16 +79,6 @@ def test_ptx_128bit_loads_and_stores(add_ptx):
 # --------------------------------------------------------------------------------------
 # GPU
 # --------------------------------------------------------------------------------------
-def _gpu_ready():
-    try:
-        import torch
-
-        return torch.cuda.is_available() and ec.available()
-    except Exception:
-        return False
-
-
-gpu = pytest.mark.skipif(not _gpu_ready(), reason="needs CUDA cc>=9.0 and cutlass")
 
 
 def _inputs(rows, cols, seed, scale=1.0):
