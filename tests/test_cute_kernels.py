@@ -8,6 +8,7 @@ input, strided output, and replay from a CUDA graph captured on a side stream.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -253,6 +254,43 @@ def test_dbg_timeline_knob():
         ec.default_fused_config(8, NP, 7168, NFA), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
 
 
+def test_fused_producer_k_split_config_and_ptx():
+    """pks > 1: each f_a tile becomes pks blocks over K slices that write fp32 partials; the
+    consumers sum them (128-bit L2 loads), round to bf16 and one warp writes f_a to out."""
+    from executors.cute.config import fused_partials_offset, fused_roles, fused_workspace_words
+
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, pks=7)
+    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_pks7_pdl1")
+    assert ec.Config.from_dict(c.to_dict()) == c
+    # 8 f_a tiles x 7 K slices first, then the 385 other tiles, then 12 consumers
+    assert fused_roles(c, NP, NQ, NFA, NFB) == (56, 441, 453)
+    assert fused_roles(dataclasses.replace(c, pks=1), NP, NQ, NFA, NFB) == (8, 393, 405)
+    off = fused_partials_offset(c, NP, NQ, NFA, NFB)
+    assert off % 256 == 0 and off >= 16 + 32 * 453
+    assert fused_workspace_words(c, NP, NQ, NFA, NFB) == off // 4 + 7 * 8 * NFA
+    # K/32 = 224 must split into pks x warps_k x unroll; f_a must start on a 16-row tile
+    assert "divisible" in ec.check_fused(dataclasses.replace(c, pks=2), 8, NP, 7168, NQ, NFB, NFA)
+    assert "aligned" in ec.check_fused(c, 8, NP, 7168, NQ - 8, NFB, NFA)
+    assert "excludes" in ec.check_fused(dataclasses.replace(c, ppf=1), 8, NP, 7168, NQ, NFB, NFA)
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pks=7).check(8, NP, 7168)
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    for mt in (8, 16):
+        cm = dataclasses.replace(c, m_tile=mt)
+        ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
+        assert len(waits) == 3, "one PDL wait per branch (K-split producer, stream, consumer)"
+        assert ptx.find("ld.global.nc") < waits[0]
+        # every consumer lane sums 7 partials x 4 K steps x (rows g[, g + 8]) x 2 vectors
+        assert ptx.count("ld.global.cg.v4.f32") == 7 * 4 * 2 * (mt // 8)
+        assert "st.global.f32" in ptx and "cvt.rn.bf16x2.f32" in ptx
+        assert ptx.count("st.global.v4.b32") == 4 * (mt // 8), "f_a written by one warp"
+        assert "ld.global.cg.v4.u32" not in ptx, "f_a is no longer read back from out"
+        assert "red.release.gpu.global.add.u32" in ptx and "ld.acquire.gpu.global.u32" in ptx
+        assert ".local" not in ptx
+
+
 def test_variant_knobs_compile():
     """The run7/run8 experiment knobs (measured slower on the H200, kept selectable):
     L2 bulk prefetch (pf), launch attributes (minb, carve), consumer passes (fb_passes)."""
@@ -333,21 +371,22 @@ def test_gpu_fused_dbg_stamps(m):
     after every producer stamped its mid point; outputs stay correct."""
     import torch
 
-    from executors.cute.config import fused_grid
+    from executors.cute.config import fused_roles, fused_workspace_words
 
     mt = 8 if m <= 8 else 16
     cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
-    t_all, _, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
+    p, t_all, grid = fused_roles(cfg, NP, NQ, NFA, NFB)
+    c = grid - t_all
     x, wp, wb = _fused_inputs(m, 700 + m)
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ws = torch.zeros(4 + 8 * (t_all + c), dtype=torch.int32, device="cuda")
+    ws = torch.zeros(fused_workspace_words(cfg, NP, NQ, NFA, NFB), dtype=torch.int32, device="cuda")
     ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg, workspace=ws)
     torch.cuda.synchronize()
     ref = x.float() @ wp.float().t()
     _check(out, ref, "dbg out")
     _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), "dbg g1")
-    rec = ws[4:].view(torch.int64).view(t_all + c, 4).cpu()
+    rec = ws[4:4 + 8 * grid].view(torch.int64).view(grid, 4).cpu()
     assert int(ws[0]) == 0, "counter must reset itself"
     assert (rec[:, 0] > 0).all() and (rec[:, 2] >= rec[:, 0]).all()
     assert (rec[:p, 1] >= rec[:p, 0]).all() and (rec[:p, 2] >= rec[:p, 1]).all()
@@ -386,6 +425,47 @@ def test_gpu_fused_graph_side_stream(m):
         for o, g in outs:
             _check(o, ref, "graph fused out")
             _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "graph fused g1")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+def test_gpu_fused_producer_k_split(m):
+    """pks = 7: poisoned outputs, fp32 reference, repeated launches (the counter resets), then
+    a graph of two steps captured on a side stream and replayed on fresh inputs."""
+    import torch
+
+    mt = 8 if m <= 8 else 16
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, pks=7)
+    x, wp, wb = _fused_inputs(m, 1000 + m)
+    outs = [(torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16),
+             torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for o, g in outs + outs:
+            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
+    torch.cuda.synchronize()
+    ref = x.float() @ wp.float().t()
+    for o, g in outs:
+        _check(o, ref, f"pks out M={m}")
+        _check(g, o[:, NQ:NQ + NFA].float() @ wb.float().t(), f"pks g1 M={m}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for o, g in outs:
+            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
+    for _ in range(3):
+        for o, g in outs:
+            o.fill_(float("nan"))
+            g.fill_(float("nan"))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = x.float() @ wp.float().t()
+        for o, g in outs:
+            _check(o, ref, f"pks graph out M={m}")
+            # g1's reference from the bf16-rounded f_a the kernel wrote
+            _check(g, o[:, NQ:NQ + NFA].float() @ wb.float().t(), f"pks graph g1 M={m}")
 
 
 def test_tiled_weight_layout():
