@@ -443,20 +443,21 @@ VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_to_run19.md).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {"ppf": 1}),
-    # run17 timed t1/wn2/wk8 fb1|fb2 +-ppf (t1/wn2/wk8/fb2/ppf until run20) and t2/wn2/wk4 fb2
-    # here: none faster; run19/run20
+    # run17 timed t1/wn2/wk8 fb1|fb2 +-ppf and t2/wn2/wk4 fb2 here: none faster; run19/run20
     # timed a split-K F_A/beta prologue by a helper warp per block (knobs sk / spad, code at
     # commit 7e46f25, removed again: slower, results/kda_kernels/2026-11-30_h200_run19*, run20*)
-    # run21: producer K split (pks): the f_a tiles as 7 K-slice blocks each that finish early,
-    # so F_B runs while the other tiles stream (also with 2 consumer blocks, fb_passes 4)
-    (2, 8, 4, 2, 1, {"pks": 7}),
-    (2, 8, 4, 2, 4, {"pks": 7}),
+    (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
+    # run22: producers publish f_a with one fence per block (after the barrier) instead of one
+    # per thread
+    (2, 8, 4, 2, 1, {"ppf": 1, "pub": 1}),
+    # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
+    # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
+    # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
-    # also timed t1/wn2/wk4/u4|u2, t1/wn4/wk2/u4|u8, t2/wn2/wk4/u4 (all slower, see its table;
-    # t1/wk4/u4 was swept until run20)
-    (2, 8, 4, {}), (1, 8, 4, {"warps_n": 2})]
+    # also timed t1/wn2/wk4/u4|u2, t1/wn4/wk2/u4|u8, t2/wn2/wk4/u4 (all slower, see its table)
+    (2, 8, 4, {}), (1, 4, 4, {}), (1, 8, 4, {"warps_n": 2})]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
     # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
     # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)

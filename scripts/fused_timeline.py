@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import executors.cute as ec  # noqa: E402
-from executors.cute.config import Config, fused_roles, fused_workspace_words  # noqa: E402
+from executors.cute.config import Config, fused_grid  # noqa: E402
 
 NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
 BASE = dict(kind="fused", tiles=2, warps_k=8, unroll=4, fb_tiles=2, dbg=1)
@@ -28,9 +28,10 @@ CASES = [  # (M, extra config fields)
     (1, dict(m_tile=8, ppf=1)), (8, dict(m_tile=8, ppf=1)),
     (1, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
     (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
+    (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1)),
     (16, dict(m_tile=16)),
-    # run21: producer K split (f_a tiles as 7 K-slice blocks that finish early)
-    (1, dict(m_tile=8, pks=7)), (8, dict(m_tile=8, pks=7)), (16, dict(m_tile=16, pks=7)),
+    # run22: one fence per producer block
+    (1, dict(m_tile=8, ppf=1, pub=1)), (8, dict(m_tile=8, ppf=1, pub=1)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
 ]
 
 
@@ -44,11 +45,11 @@ def pct(v, q):
 
 
 def _summary(m, cfg, rec, z):
-    pb, cb0, _ = fused_roles(cfg, NP, NQ, NFA, NFB)
+    t_all, t0, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
     us = [[(r[0] - z) / 1e3, (r[1] - z) / 1e3 if r[1] else None, (r[2] - z) / 1e3, r[3]] for r in rec]
 
     def role(b):  # block index -> role, as build_fused maps it
-        return "producer" if b < pb else ("stream" if b < cb0 else "consumer")
+        return "producer" if b < p else ("stream" if b < t_all else "consumer")
 
     roles = {"producer": [], "stream": [], "consumer": []}
     for b, r in enumerate(us):
@@ -76,14 +77,14 @@ def run(m, cfg, steps=20):
     relative to the earlier step's first block start."""
     import torch
 
-    grid = fused_roles(cfg, NP, NQ, NFA, NFB)[2]
+    t_all, t0, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
+    grid = t_all + c
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     wps = [torch.randn(NP, H, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(4)]
     wfb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) * 0.05
     out = torch.empty(m, NP, device="cuda", dtype=torch.bfloat16)
     g1 = torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)
-    words = fused_workspace_words(cfg, NP, NQ, NFA, NFB)
-    wss = [torch.zeros(words, dtype=torch.int32, device="cuda") for _ in range(2)]
+    wss = [torch.zeros(4 + 8 * grid, dtype=torch.int32, device="cuda") for _ in range(2)]
 
     def body():
         for i in range(steps):
@@ -102,7 +103,7 @@ def run(m, cfg, steps=20):
     torch.cuda.synchronize()
     ref = x.float() @ wps[(steps - 1) % 4].float().t()
     err = ((out.float() - ref).norm() / ref.norm()).item()
-    recs = [w[4:4 + 8 * grid].view(torch.int64).view(grid, 4).cpu().tolist() for w in wss]
+    recs = [w[4:].view(torch.int64).view(grid, 4).cpu().tolist() for w in wss]
     last = (steps - 1) % 2
     prev, cur = recs[1 - last], recs[last]
     z = min(r[0] for r in prev)

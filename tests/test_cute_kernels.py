@@ -254,41 +254,20 @@ def test_dbg_timeline_knob():
         ec.default_fused_config(8, NP, 7168, NFA), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
 
 
-def test_fused_producer_k_split_config_and_ptx():
-    """pks > 1: each f_a tile becomes pks blocks over K slices that write fp32 partials; the
-    consumers sum them (128-bit L2 loads), round to bf16 and one warp writes f_a to out."""
-    from executors.cute.config import fused_partials_offset, fused_roles, fused_workspace_words
-
-    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, pks=7)
-    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_pks7_pdl1")
-    assert ec.Config.from_dict(c.to_dict()) == c
-    # 8 f_a tiles x 7 K slices first, then the 385 other tiles, then 12 consumers
-    assert fused_roles(c, NP, NQ, NFA, NFB) == (56, 441, 453)
-    assert fused_roles(dataclasses.replace(c, pks=1), NP, NQ, NFA, NFB) == (8, 393, 405)
-    off = fused_partials_offset(c, NP, NQ, NFA, NFB)
-    assert off % 256 == 0 and off >= 16 + 32 * 453
-    assert fused_workspace_words(c, NP, NQ, NFA, NFB) == off // 4 + 7 * 8 * NFA
-    # K/32 = 224 must split into pks x warps_k x unroll; f_a must start on a 16-row tile
-    assert "divisible" in ec.check_fused(dataclasses.replace(c, pks=2), 8, NP, 7168, NQ, NFB, NFA)
-    assert "aligned" in ec.check_fused(c, 8, NP, 7168, NQ - 8, NFB, NFA)
-    assert "excludes" in ec.check_fused(dataclasses.replace(c, ppf=1), 8, NP, 7168, NQ, NFB, NFA)
-    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pks=7).check(8, NP, 7168)
+def test_publish_knob_ptx():
+    """pub=1: one fence.acq_rel.gpu per producer block, after the barrier, before the add."""
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, pub=1)
+    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_pub_pdl1")
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pub=1).check(8, NP, 7168)
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    for mt in (8, 16):
-        cm = dataclasses.replace(c, m_tile=mt)
-        ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
-        waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
-        assert len(waits) == 3, "one PDL wait per branch (K-split producer, stream, consumer)"
-        assert ptx.find("ld.global.nc") < waits[0]
-        # every consumer lane sums 7 partials x 4 K steps x (rows g[, g + 8]) x 2 vectors
-        assert ptx.count("ld.global.cg.v4.f32") == 7 * 4 * 2 * (mt // 8)
-        assert "st.global.f32" in ptx and "cvt.rn.bf16x2.f32" in ptx
-        assert ptx.count("st.global.v4.b32") == 4 * (mt // 8), "f_a written by one warp"
-        assert "ld.global.cg.v4.u32" not in ptx, "f_a is no longer read back from out"
-        assert "red.release.gpu.global.add.u32" in ptx and "ld.acquire.gpu.global.u32" in ptx
-        assert ".local" not in ptx
+    for cfg, fence_before_barrier in ((c, False), (dataclasses.replace(c, pub=0), True)):
+        ptx = ec.compile_fused_for_arch(cfg, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        f, red = ptx.index("fence.acq_rel.gpu"), ptx.index("red.release.gpu.global.add.u32")
+        bars = [i.start() for i in re.finditer(r"bar\.sync", ptx) if i.start() < red]
+        assert ptx.count("fence.acq_rel.gpu") == 1 and f < red
+        assert (f < bars[-1]) == fence_before_barrier
 
 
 def test_variant_knobs_compile():
@@ -365,28 +344,48 @@ def test_gpu_fused_warps_n(m):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("m", [1, 6, 8, 16])
+def test_gpu_fused_publish_one_fence(m):
+    """pub=1 (one fence per producer block after its barrier): poisoned outputs, repeated
+    launches on fresh inputs, g1 against the bf16 f_a the kernel wrote."""
+    import torch
+
+    mt = 8 if m <= 8 else 16
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, pub=1)
+    x, wp, wb = _fused_inputs(m, 1100 + m)
+    for _ in range(3):
+        out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+        x.copy_(torch.randn_like(x))
+        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
+        torch.cuda.synchronize()
+        _check(out, x.float() @ wp.float().t(), f"pub out M={m}")
+        _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"pub g1 M={m}")
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("m", [1, 16])
 def test_gpu_fused_dbg_stamps(m):
     """dbg timeline records: one per block, start <= mid <= end, consumers see f_a only
     after every producer stamped its mid point; outputs stay correct."""
     import torch
 
-    from executors.cute.config import fused_roles, fused_workspace_words
+    from executors.cute.config import fused_grid
 
     mt = 8 if m <= 8 else 16
     cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
-    p, t_all, grid = fused_roles(cfg, NP, NQ, NFA, NFB)
-    c = grid - t_all
+    t_all, _, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
     x, wp, wb = _fused_inputs(m, 700 + m)
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ws = torch.zeros(fused_workspace_words(cfg, NP, NQ, NFA, NFB), dtype=torch.int32, device="cuda")
+    ws = torch.zeros(4 + 8 * (t_all + c), dtype=torch.int32, device="cuda")
     ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg, workspace=ws)
     torch.cuda.synchronize()
     ref = x.float() @ wp.float().t()
     _check(out, ref, "dbg out")
     _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), "dbg g1")
-    rec = ws[4:4 + 8 * grid].view(torch.int64).view(grid, 4).cpu()
+    rec = ws[4:].view(torch.int64).view(t_all + c, 4).cpu()
     assert int(ws[0]) == 0, "counter must reset itself"
     assert (rec[:, 0] > 0).all() and (rec[:, 2] >= rec[:, 0]).all()
     assert (rec[:p, 1] >= rec[:p, 0]).all() and (rec[:p, 2] >= rec[:p, 1]).all()
@@ -425,47 +424,6 @@ def test_gpu_fused_graph_side_stream(m):
         for o, g in outs:
             _check(o, ref, "graph fused out")
             _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "graph fused g1")
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
-def test_gpu_fused_producer_k_split(m):
-    """pks = 7: poisoned outputs, fp32 reference, repeated launches (the counter resets), then
-    a graph of two steps captured on a side stream and replayed on fresh inputs."""
-    import torch
-
-    mt = 8 if m <= 8 else 16
-    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, pks=7)
-    x, wp, wb = _fused_inputs(m, 1000 + m)
-    outs = [(torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16),
-             torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for o, g in outs + outs:
-            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
-    torch.cuda.synchronize()
-    ref = x.float() @ wp.float().t()
-    for o, g in outs:
-        _check(o, ref, f"pks out M={m}")
-        _check(g, o[:, NQ:NQ + NFA].float() @ wb.float().t(), f"pks g1 M={m}")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        for o, g in outs:
-            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
-    for _ in range(3):
-        for o, g in outs:
-            o.fill_(float("nan"))
-            g.fill_(float("nan"))
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        ref = x.float() @ wp.float().t()
-        for o, g in outs:
-            _check(o, ref, f"pks graph out M={m}")
-            # g1's reference from the bf16-rounded f_a the kernel wrote
-            _check(g, o[:, NQ:NQ + NFA].float() @ wb.float().t(), f"pks graph g1 M={m}")
 
 
 def test_tiled_weight_layout():

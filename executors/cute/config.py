@@ -62,11 +62,9 @@ class Config:
     # fused: producer blocks (the tiles holding f_a) bulk-prefetch ALL their weights into L2
     # at launch, so they finish early and F_B runs in the middle of the grid, not after it
     ppf: int = 0
-    # fused: producer K split. 1 = each f_a tile is one block streaming the whole K (it ends
-    # with everybody else, so F_B is a tail); pks > 1 = each f_a tile is pks blocks, one per
-    # K slice, that write fp32 partials to the workspace and finish early; the consumers sum
-    # the partials, so F_B runs while the other tiles still stream
-    pks: int = 1
+    # fused: how producers publish f_a. 0 = every thread fences, then the block syncs and
+    # thread 0 does a release add; 1 = the block syncs, then thread 0 alone fences and adds
+    pub: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -85,8 +83,8 @@ class Config:
             s += f"_fp{self.fb_passes}"
         if self.ppf:
             s += "_ppf"
-        if self.pks != 1:
-            s += f"_pks{self.pks}"
+        if self.pub:
+            s += "_pub"
         if self.dbg:
             s += "_dbg"
         return s
@@ -164,11 +162,9 @@ class Config:
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg)
+        knobs = (self.ppf, self.dbg, self.pub)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf and dbg are 0/1 knobs of the fused kind"
-        if self.pks < 1 or self.pks > 1 and self.kind != "fused":
-            return "pks (producer K split) must be >= 1, and > 1 only for the fused kind"
+            return "ppf, pub and dbg are 0/1 knobs of the fused kind"
         return None
 
 
@@ -269,39 +265,7 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
         return "N_B must be positive"
     if cfg.fb_tiles * (kb // 32) > 16:
         return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
-    if cfg.pks > 1:
-        rows = 8 * cfg.tiles * cfg.warps_n
-        if a0 % rows or kb % rows:
-            return f"pks > 1 needs the f_a columns [{a0}, {a0 + kb}) aligned to the {rows}-row tiles"
-        if (k // 32) % (cfg.pks * cfg.warps_k * cfg.unroll):
-            return (f"K/32={k // 32} not divisible by pks*warps_k*unroll="
-                    f"{cfg.pks * cfg.warps_k * cfg.unroll}")
-        if cfg.ppf or cfg.wl:
-            return "pks > 1 excludes ppf and the tiled weight layout"
     return None
-
-
-def fused_roles(cfg: Config, n: int, a0: int, kb: int, nb: int) -> tuple[int, int, int]:
-    """Block order of the fused grid [producers | other stream tiles | consumers]:
-    (producer blocks PB, first consumer block, grid size)."""
-    t_all, _, p, c = fused_grid(cfg, n, a0, kb, nb)
-    pb = p * cfg.pks
-    return pb, t_all - p + pb, t_all - p + pb + c
-
-
-def fused_partials_offset(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int:
-    """Byte offset of the fp32 f_a partials (pks > 1) in the fused workspace: after the
-    counter and the dbg records (32 bytes per block from byte 16), 256-byte aligned."""
-    grid = fused_roles(cfg, n, a0, kb, nb)[2]
-    return (16 + 32 * grid + 255) // 256 * 256
-
-
-def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int:
-    """int32 words the fused kernel's workspace needs (counter, dbg records, partials)."""
-    words = fused_partials_offset(cfg, n, a0, kb, nb) // 4
-    if cfg.pks > 1:
-        words += cfg.pks * cfg.m_tile * kb
-    return words
 
 
 # The single fused kernel is used up to this M; above it (m_tile 16) the H200 run of

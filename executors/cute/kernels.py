@@ -74,44 +74,6 @@ def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=
 
 
 @dsl_user_op
-def ld_l2_v4_f32(addr: Int64, *, loc=None, ip=None):
-    """128-bit L1-bypassing load of four fp32 values (written by other blocks of this grid)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * 4),
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];",
-        "=f,=f,=f,=f,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
-    return [Float32(llvm.extractvalue(T.f32(), res, [i])) for i in range(4)]
-
-
-@dsl_user_op
-def st_f32(addr: Int64, val: Float32, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Float32(val).ir_value(loc=loc, ip=ip)],
-                    "st.global.f32 [$0], $1;", "l,f", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def st_v4(addr: Int64, v, *, loc=None, ip=None):
-    """128-bit global store of four i32 values."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(x).ir_value(loc=loc, ip=ip) for x in v],
-                    "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def pack_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None):
-    """Round two fp32 values to bf16 and pack them (lo in the low half), as mma operands want."""
-    return Int32(llvm.inline_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
-                                 "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
 def fence_acq_rel_gpu(*, loc=None, ip=None):
     llvm.inline_asm(None, [], "fence.acq_rel.gpu;", "", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
@@ -260,17 +222,6 @@ def _prefetch_chunks(pf_row, R: int, lane, it0: int, it1: int, U: int):
     nbytes = (it1 - it0) * U * 64
     for addr, idx, limit in pf_row:
         prefetch_l2_bulk(addr + Int64(it0 * U * 64), Int32(nbytes), idx, limit)
-
-
-def _sum_partials(base, row, PKS: int, MT: int, KB: int):
-    """Sum the PKS fp32 partials of 8 consecutive f_a columns of `row` (base: the lane's
-    first column in partial 0) and return them rounded to bf16, packed as 4 x bf16x2."""
-    tot = [Float32(0.0)] * 8
-    for ks in range(PKS):
-        a = base + (Int64(ks * MT) + Int64(row)) * (KB * 4)
-        v = ld_l2_v4_f32(a) + ld_l2_v4_f32(a + Int64(16))
-        tot = [tot[i] + v[i] for i in range(8)]
-    return [pack_bf16x2(tot[2 * i], tot[2 * i + 1]) for i in range(4)]
 
 
 # --------------------------------------------------------------------------------------
@@ -532,7 +483,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     producers still finish near the end, so F_B stays a 1-2 us tail). ``dbg`` stamps
     %globaltimer per block into the workspace (scripts/fused_timeline.py).
     """
-    from .config import fused_grid, fused_partials_offset, fused_roles
+    from .config import fused_grid
 
     MT = cfg.m_tile
     R = cfg.tiles
@@ -547,11 +498,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     NTHR = 32 * NW
     OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
     T_ALL, T0, P, C = fused_grid(cfg, n, a0, kb, nb)
-    PKS = cfg.pks
-    PB, CB0, GRID = fused_roles(cfg, n, a0, kb, nb)  # producer blocks, first consumer, grid
-    TOTAL = PB + C
-    JWP = STEPS // (PKS * WK)  # K steps per warp of a K-split producer block (pks > 1)
-    PART = fused_partials_offset(cfg, n, a0, kb, nb)
+    GRID = T_ALL + C
+    TOTAL = P + C
     SB = kb // 32
     FP = cfg.fb_passes
     PDL = cfg.pdl
@@ -559,30 +507,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     WL = cfg.wl
     W_STEP = 512 if WL else 64
     PPF = cfg.ppf
+    PUB = cfg.pub
     DBG = cfg.dbg
     N = n
     K = k
     NB = nb
     KB = kb
     A0 = a0
-
-    def tile_to_smem(red, mW, mX, n_tile0, step0, nit: int, pf_row, pf: int, wk, wn, g, t, lane,
-                     m_rows):
-        """Stream this warp's rows over K steps [step0, step0 + nit * U) (weights of the first
-        iteration before the PDL wait) and leave its accumulators in shared memory."""
-        w_addr = _weight_addrs(mW.iterator.toint(), n_tile0, g, t, lane, step0, R, N, K, WL)
-        w_cur = _load_w(w_addr, 0, U, R, W_STEP)
-        if PDL:
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
-        koff = Int64((step0 * 32 + t * 8) * 2)
-        xg_addr, xh_addr = _x_addrs(mX.iterator.toint(), mX.stride[0], m_rows, g, koff)
-        acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, nit, pf)
-        for r in range(R):
-            for h in range(MT // 8):
-                for e in range(2):
-                    idx = ((wk * WN + wn) * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
-                    red[idx] = acc[r][2 * h + e]
 
     @cute.kernel
     def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mWB: cute.Tensor,
@@ -602,39 +533,43 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if tid == 0:
                 _stamp(ctr, bid, 0)
         sb = bid  # position in the order [producers | other stream tiles | consumers]
-        if sb < CB0:
+        if sb < T_ALL:
             # ---------------- streaming part (producers first) ----------------
             tile = sb
-            if sb < PB:
-                if cutlass.const_expr(PKS > 1):
-                    tile = T0 + sb % P
-                else:
-                    tile = sb + T0
+            if sb < P:
+                tile = sb + T0
             else:
-                if sb - PB < T0:
-                    tile = sb - PB
-                else:
-                    tile = sb - PB + P
+                if sb - P < T0:
+                    tile = sb - P
             wn = warp % WN  # warps side by side along N share their x slices (via L1)
             wk = warp // WN
             blk0 = tile * (8 * R * WN)
             n_tile0 = blk0 + wn * (8 * R)
-            pf_row = _prefetch_rows(mW.iterator.toint(), n_tile0, lane, wk * JW * 32, R, N, K)
+            w_base = mW.iterator.toint()
+            w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
+
+            pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
             if cutlass.const_expr(PF > 0):
                 _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
             if cutlass.const_expr(PPF > 0):
                 if sb < P:
                     _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
-            if cutlass.const_expr(PKS > 1):
-                if sb < PB:  # K slice sb // P of an f_a tile: few iterations, no prefetch
-                    tile_to_smem(red, mW, mX, n_tile0, (sb // P) * (STEPS // PKS) + wk * JWP,
-                                 JWP // U, pf_row, 0, wk, wn, g, t, lane, m_rows)
-                else:
-                    tile_to_smem(red, mW, mX, n_tile0, wk * JW, NIT, pf_row, PF, wk, wn, g, t,
-                                 lane, m_rows)
-            else:
-                tile_to_smem(red, mW, mX, n_tile0, wk * JW, NIT, pf_row, PF, wk, wn, g, t, lane,
-                             m_rows)
+            w_cur = _load_w(w_addr, 0, U, R, W_STEP)
+            if cutlass.const_expr(PDL):
+                cute.arch.griddepcontrol_wait()
+                cute.arch.griddepcontrol_launch_dependents()
+
+            sx = mX.stride[0]
+            x_base = mX.iterator.toint()
+            koff = Int64((wk * JW * 32 + t * 8) * 2)
+            xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
+            acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF)
+
+            for r in cutlass.range_constexpr(R):
+                for h in cutlass.range_constexpr(MT // 8):
+                    for e in cutlass.range_constexpr(2):
+                        idx = ((wk * WN + wn) * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
+                        red[idx] = acc[r][2 * h + e]
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
                 idx = tid + p * NTHR
@@ -648,21 +583,19 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     col = blk0 + rr * 8 + col8
                     if m < m_rows:
                         if col < N:
-                            if cutlass.const_expr(PKS > 1):
-                                if sb < PB:  # fp32 partial of f_a, summed by the consumers
-                                    pi = ((sb // P) * MT + m) * KB + col - A0
-                                    st_f32(ctr + Int64(PART) + Int64(pi) * 4, s)
-                                else:
-                                    mO[m, col] = s.to(BFloat16)
-                            else:
-                                mO[m, col] = s.to(BFloat16)
-            if sb < PB:
+                            mO[m, col] = s.to(BFloat16)
+            if sb < P:
                 if cutlass.const_expr(DBG):
                     if tid == 0:
                         _stamp(ctr, bid, 1)
-                fence_acq_rel_gpu()
+                if cutlass.const_expr(PUB == 0):
+                    fence_acq_rel_gpu()
                 cute.arch.sync_threads()
                 if tid == 0:
+                    if cutlass.const_expr(PUB == 1):
+                        # the barrier orders the block's f_a stores before this thread's
+                        # fence (cumulative), so one fence per block publishes them all
+                        fence_acq_rel_gpu()
                     red_add_release_gpu(ctr, Int32(1))
             if cutlass.const_expr(DBG):
                 if tid == 0:
@@ -672,7 +605,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             # a warp owns FP passes of RB n8 tiles; pass 0's weights are loaded up front,
             # later passes' rows are bulk-prefetched into L2 up front and loaded after the
             # previous pass (FP > 1 keeps the consumer blocks few, so the grid fits one wave)
-            cb = sb - CB0
+            cb = sb - T_ALL
             row0 = (cb * NW + warp) * (8 * RB * FP)
             wb_base = mWB.iterator.toint()
 
@@ -695,7 +628,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
             if tid == 0:
-                wait_then_arrive(ctr, Int32(PB), Int32(TOTAL))
+                wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
             cute.arch.sync_threads()
             if cutlass.const_expr(DBG):
                 if tid == 0:
@@ -704,33 +637,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
             afr = []
-            fav = []  # (row g, row g + 8) bf16x2 vectors of f_a, per 32-wide K step
             for sk in cutlass.range_constexpr(SB):
-                if cutlass.const_expr(PKS > 1):  # sum the producers' fp32 partials, round
-                    pb0 = ctr + Int64(PART) + Int64(sk * 128 + t * 32)
-                    xg = _sum_partials(pb0, _imin(g, m_rows - 1), PKS, MT, KB)
-                    if cutlass.const_expr(MT == 16):
-                        xh = _sum_partials(pb0, _imin(g + 8, m_rows - 1), PKS, MT, KB)
-                    else:
-                        xh = [Int32(0)] * 4
+                xg = ld_l2_v4(fg + Int64(sk * 64))
+                if cutlass.const_expr(MT == 16):
+                    xh = ld_l2_v4(fh + Int64(sk * 64))
                 else:
-                    xg = ld_l2_v4(fg + Int64(sk * 64))
-                    if cutlass.const_expr(MT == 16):
-                        xh = ld_l2_v4(fh + Int64(sk * 64))
-                    else:
-                        xh = [Int32(0)] * 4
-                fav.append((xg, xh))
+                    xh = [Int32(0)] * 4
                 afr.append([xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]])
-            if cutlass.const_expr(PKS > 1):  # the producers wrote partials: f_a goes to out here
-                if cb == 0:
-                    if warp == 0:
-                        for sk in cutlass.range_constexpr(SB):
-                            if g < m_rows:
-                                st_v4(o_base + Int64(g) * Int64(so) * 2 + Int64(sk * 64), fav[sk][0])
-                            if cutlass.const_expr(MT == 16):
-                                if g + 8 < m_rows:
-                                    st_v4(o_base + Int64(g + 8) * Int64(so) * 2 + Int64(sk * 64),
-                                          fav[sk][1])
             for ps in cutlass.range_constexpr(FP):
                 if cutlass.const_expr(ps > 0):
                     wv = load_wb(ps)
