@@ -447,9 +447,8 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # timed a split-K F_A/beta prologue by a helper warp per block (knobs sk / spad, code at
     # commit 7e46f25, removed again: slower, results/kda_kernels/2026-11-30_h200_run19*, run20*)
     (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
-    # run22: producers publish f_a with one fence per block (after the barrier) instead of one
-    # per thread
-    (2, 8, 4, 2, 1, {"ppf": 1, "pub": 1}),
+    # run22 timed producers publishing f_a with one fence per block (after the barrier) instead
+    # of one per thread: 0.03-0.23 us faster at M = 1, 4, 8 (now the only way)
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)

@@ -29,9 +29,7 @@ CASES = [  # (M, extra config fields)
     (1, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
     (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
     (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1)),
-    (16, dict(m_tile=16)),
-    # run22: one fence per producer block
-    (1, dict(m_tile=8, ppf=1, pub=1)), (8, dict(m_tile=8, ppf=1, pub=1)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
+    (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
 ]
 
 

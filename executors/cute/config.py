@@ -62,9 +62,6 @@ class Config:
     # fused: producer blocks (the tiles holding f_a) bulk-prefetch ALL their weights into L2
     # at launch, so they finish early and F_B runs in the middle of the grid, not after it
     ppf: int = 0
-    # fused: how producers publish f_a. 0 = every thread fences, then the block syncs and
-    # thread 0 does a release add; 1 = the block syncs, then thread 0 alone fences and adds
-    pub: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -83,8 +80,6 @@ class Config:
             s += f"_fp{self.fb_passes}"
         if self.ppf:
             s += "_ppf"
-        if self.pub:
-            s += "_pub"
         if self.dbg:
             s += "_dbg"
         return s
@@ -162,9 +157,9 @@ class Config:
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.pub)
+        knobs = (self.ppf, self.dbg)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, pub and dbg are 0/1 knobs of the fused kind"
+            return "ppf and dbg are 0/1 knobs of the fused kind"
         return None
 
 
