@@ -8,7 +8,6 @@ input, strided output, and replay from a CUDA graph captured on a side stream.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 
