@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import executors.cute as ec  # noqa: E402
-from executors.cute.config import Config, fused_grid  # noqa: E402
+from executors.cute.config import Config, fused_grid, fused_workspace_words  # noqa: E402
 
 NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
 BASE = dict(kind="fused", tiles=2, warps_k=8, unroll=4, fb_tiles=2, dbg=1)
@@ -30,6 +30,8 @@ CASES = [  # (M, extra config fields)
     (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
     (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1)),
     (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
+    # run23: consumers spin on tagged f_a pairs instead of a counter
+    (1, dict(m_tile=8, ppf=1, tag=1)), (8, dict(m_tile=8, ppf=1, tag=1)), (16, dict(m_tile=16, tag=1)),
 ]
 
 
@@ -82,7 +84,8 @@ def run(m, cfg, steps=20):
     wfb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) * 0.05
     out = torch.empty(m, NP, device="cuda", dtype=torch.bfloat16)
     g1 = torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)
-    wss = [torch.zeros(4 + 8 * grid, dtype=torch.int32, device="cuda") for _ in range(2)]
+    words = fused_workspace_words(cfg, NP, NQ, NFA, NFB)
+    wss = [torch.zeros(words, dtype=torch.int32, device="cuda") for _ in range(2)]
 
     def body():
         for i in range(steps):
@@ -101,7 +104,7 @@ def run(m, cfg, steps=20):
     torch.cuda.synchronize()
     ref = x.float() @ wps[(steps - 1) % 4].float().t()
     err = ((out.float() - ref).norm() / ref.norm()).item()
-    recs = [w[4:].view(torch.int64).view(grid, 4).cpu().tolist() for w in wss]
+    recs = [w[4:4 + 8 * grid].view(torch.int64).view(grid, 4).cpu().tolist() for w in wss]
     last = (steps - 1) % 2
     prev, cur = recs[1 - last], recs[last]
     z = min(r[0] for r in prev)

@@ -266,6 +266,39 @@ def test_publish_one_fence_per_block_ptx():
     assert ptx.count("fence.acq_rel.gpu") == 1 and bars[-1] < f < red
 
 
+def test_fused_tagged_handoff_ptx():
+    """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, warp 0 of
+    each consumer spins on those pairs (128-bit relaxed loads, warp vote) and stages them in
+    shared memory; no fence and no counter on the critical path; producers and consumers
+    count themselves in at the end and the last one advances the epoch."""
+    from executors.cute.config import fused_tag_offset, fused_workspace_words
+
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, tag=1)
+    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_tag_pdl1")
+    assert ec.Config.from_dict(c.to_dict()) == c
+    assert "aligned" in ec.check_fused(c, 8, NP, 7168, NQ - 8, NFB, NFA)
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, tag=1).check(8, NP, 7168)
+    off = fused_tag_offset(c, NP, NQ, NFA, NFB)
+    assert off % 256 == 0 and off >= 16 + 32 * 405
+    assert fused_workspace_words(c, NP, NQ, NFA, NFB) == off // 4 + 8 * NFA
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    for mt in (8, 16):
+        cm = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tag=1)
+        ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
+        assert len(waits) == 2 and ptx.find("ld.global.nc") < waits[0]
+        epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u32", ptx)]
+        assert len(epochs) == 2 and waits[0] < epochs[0] and waits[1] < epochs[1]
+        # 4 x 32-wide K steps x 2 vectors per row (g, and g + 8 at m_tile 16)
+        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 8 * (mt // 8)
+        assert ptx.count("st.relaxed.gpu.global.b64") == 1 and "cvt.rn.bf16x2.f32" in ptx
+        assert ptx.count("vote.sync.all.pred") == 1 and ptx.count("atom.relaxed.gpu") == 2
+        for absent in ("fence.acq_rel", "red.release", "ld.acquire", "ld.global.cg.v4.u32", ".local"):
+            assert absent not in ptx, absent
+
+
 def test_variant_knobs_compile():
     """The run7/run8 experiment knobs (measured slower on the H200, kept selectable):
     L2 bulk prefetch (pf), launch attributes (minb, carve), consumer passes (fb_passes)."""
@@ -346,7 +379,7 @@ def test_gpu_fused_dbg_stamps(m):
     after every producer stamped its mid point; outputs stay correct."""
     import torch
 
-    from executors.cute.config import fused_grid
+    from executors.cute.config import fused_grid, fused_workspace_words
 
     mt = 8 if m <= 8 else 16
     cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
@@ -354,13 +387,13 @@ def test_gpu_fused_dbg_stamps(m):
     x, wp, wb = _fused_inputs(m, 700 + m)
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ws = torch.zeros(4 + 8 * (t_all + c), dtype=torch.int32, device="cuda")
+    ws = torch.zeros(fused_workspace_words(cfg, NP, NQ, NFA, NFB), dtype=torch.int32, device="cuda")
     ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg, workspace=ws)
     torch.cuda.synchronize()
     ref = x.float() @ wp.float().t()
     _check(out, ref, "dbg out")
     _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), "dbg g1")
-    rec = ws[4:].view(torch.int64).view(t_all + c, 4).cpu()
+    rec = ws[4:4 + 8 * (t_all + c)].view(torch.int64).view(t_all + c, 4).cpu()
     assert int(ws[0]) == 0, "counter must reset itself"
     assert (rec[:, 0] > 0).all() and (rec[:, 2] >= rec[:, 0]).all()
     assert (rec[:p, 1] >= rec[:p, 0]).all() and (rec[:p, 2] >= rec[:p, 1]).all()
@@ -399,6 +432,55 @@ def test_gpu_fused_graph_side_stream(m):
         for o, g in outs:
             _check(o, ref, "graph fused out")
             _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "graph fused g1")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_gpu_fused_tagged_handoff(m):
+    """tag=1: poisoned outputs, fp32 reference, g1 against the bf16 f_a the kernel wrote;
+    launches alternate with counter-handoff launches on the same workspace; then a graph of
+    two steps captured on a side stream, replayed on fresh inputs."""
+    import torch
+
+    mt = 8 if m <= 8 else 16
+    tagged = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tag=1,
+                       ppf=1 if mt == 8 else 0)
+    plain = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2)
+    x, wp, wb = _fused_inputs(m, 1200 + m)
+    outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
+             torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+
+    def check(tag):
+        ref = x.float() @ wp.float().t()
+        for o, g in outs:
+            _check(o, ref, f"{tag} out M={m}")
+            _check(g, o[:, NQ:NQ + NFA].float() @ wb.float().t(), f"{tag} g1 M={m}")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for cfg in (tagged, tagged, plain, tagged, plain, plain, tagged):
+            for o, g in outs:
+                o.fill_(float("nan"))
+                g.fill_(float("nan"))
+            x.copy_(torch.randn_like(x))
+            for o, g in outs:
+                ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
+            side.synchronize()
+            check(cfg.key())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for o, g in outs:
+            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=tagged)
+    for _ in range(3):
+        for o, g in outs:
+            o.fill_(float("nan"))
+            g.fill_(float("nan"))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        check("graph tagged")
 
 
 def test_tiled_weight_layout():

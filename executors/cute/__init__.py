@@ -25,10 +25,12 @@ Fused KDA decode step (``kda_fused_step``), one launch, PDL-enabled::
 bf16 in/out, fp32 accumulation. ``out`` may be a strided row view (row stride % 8 == 0,
 16-byte aligned); ``g1`` any unit-stride row view. The blocks that produce out[:,
 fa_col:fa_col+KB] run first and publish it through a global int32 counter; the last
-blocks of the grid compute g1 once the counter says f_a is complete. The counter
-(``workspace``, int32[1], must start at 0) resets itself at the end of every launch, so
-CUDA-graph replays need no memset; by default one counter per (device, stream) is kept
-here. Two launches that share a counter must not run concurrently (same stream is fine).
+blocks of the grid compute g1 once the counter says f_a is complete (config ``tag = 1``:
+once the f_a values they spin on carry this launch's tag). The ``workspace`` (int32,
+``fused_workspace_words(config, ...)`` words, zeroed once: counter, launch epoch, diagnostics,
+tagged f_a) cleans up after itself at the end of every launch, so CUDA-graph replays need no
+memset; by default one workspace per (device, stream) is kept here. Two launches that share
+a workspace must not run concurrently (same stream is fine).
 For M > FUSED_MAX_M (8) and no explicit ``config``, ``kda_fused_step`` computes the same
 outputs with TWO launches (``skinny_gemm`` over the packed weight, then F_B on the f_a view
 of ``out``, PDL-chained): the single fused kernel with m_tile 16 measured 2-3 us slower on
@@ -61,6 +63,7 @@ from .config import (
     configs_for,
     default_config,
     default_fused_config,
+    fused_workspace_words,
     kind_for,
 )
 
@@ -379,13 +382,20 @@ def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb:
         return ptx_of(lambda opts: kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts), arch)
 
 
-def _workspace_for(device):
+_WS_WORDS = 1 << 14  # 64 KiB: any m_tile <= 16 fused grid needs < 16 KiB
+_retired: list = []  # outgrown workspaces stay alive: captured graphs may still point at them
+
+
+def _workspace_for(device, words: int):
+    """The zeroed workspace of this (device, stream), at least `words` int32 words."""
     import torch
 
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     ws = _workspaces.get(key)
-    if ws is None:
-        ws = torch.zeros(1, dtype=torch.int32, device=device)
+    if ws is None or ws.numel() < words:
+        if ws is not None:
+            _retired.append(ws)
+        ws = torch.zeros(max(words, _WS_WORDS), dtype=torch.int32, device=device)
         _workspaces[key] = ws
     return ws
 
@@ -429,10 +439,13 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
     why = check_fused(cfg, m, n, k, fa_col, nb, kb)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run this step: {why}")
+    words = fused_workspace_words(cfg, n, fa_col, kb, nb)
     if workspace is None:
-        workspace = _workspace_for(x.device)
-    elif workspace.dtype != torch.int32 or workspace.numel() < 1:
-        raise ValueError("workspace must be an int32 tensor with >= 1 element (zeroed once)")
+        workspace = _workspace_for(x.device, words)
+    elif (workspace.dtype != torch.int32 or workspace.numel() < words
+          or not workspace.is_contiguous()):
+        raise ValueError(f"workspace must be a contiguous int32 tensor with >= {words} elements "
+                         "(zeroed once)")
     fn = get_fused_kernel(cfg, n, k, fa_col, nb, kb)
     fn(x, w_packed, out, w_fb, g1, workspace[:1])
     return out, g1

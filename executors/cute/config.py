@@ -62,6 +62,11 @@ class Config:
     # fused: producer blocks (the tiles holding f_a) bulk-prefetch ALL their weights into L2
     # at launch, so they finish early and F_B runs in the middle of the grid, not after it
     ppf: int = 0
+    # fused: how f_a reaches the consumers. 0 = producers store it to out, fence and bump a
+    # counter; consumers spin on the counter, then load f_a. 1 = producers also store f_a as
+    # (bf16x2, launch tag) 64-bit pairs into the workspace and consumers spin on the data
+    # itself: no fence, no counter round trip, no second load on the critical path
+    tag: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -80,6 +85,8 @@ class Config:
             s += f"_fp{self.fb_passes}"
         if self.ppf:
             s += "_ppf"
+        if self.tag:
+            s += "_tag"
         if self.dbg:
             s += "_dbg"
         return s
@@ -157,9 +164,9 @@ class Config:
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg)
+        knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf and dbg are 0/1 knobs of the fused kind"
+            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
         return None
 
 
@@ -260,7 +267,26 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
         return "N_B must be positive"
     if cfg.fb_tiles * (kb // 32) > 16:
         return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
+    rows = 8 * cfg.tiles * cfg.warps_n
+    if cfg.tag and (a0 % rows or kb % rows):
+        return f"tag needs the f_a columns [{a0}, {a0 + kb}) aligned to the {rows}-row tiles"
     return None
+
+
+def fused_tag_offset(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int:
+    """Byte offset of the tagged f_a pairs (tag = 1) in the fused workspace: after the
+    counter, the launch epoch and the dbg records (32 bytes per block from byte 16)."""
+    t_all, _, _, c = fused_grid(cfg, n, a0, kb, nb)
+    return (16 + 32 * (t_all + c) + 255) // 256 * 256
+
+
+def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int:
+    """int32 words of the fused kernel's workspace: word 0 counter, word 1 launch epoch,
+    dbg records, then (tag = 1) m_tile x kb/2 pairs of (bf16x2, tag) words."""
+    words = fused_tag_offset(cfg, n, a0, kb, nb) // 4
+    if cfg.tag:
+        words += cfg.m_tile * kb
+    return words
 
 
 # The single fused kernel is used up to this M; above it (m_tile 16) the H200 run of

@@ -116,6 +116,96 @@ def wait_then_arrive(addr: Int64, target: Int32, total: Int32, *, loc=None, ip=N
 
 
 @dsl_user_op
+def pack_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None):
+    """Round two fp32 values to bf16 and pack them (lo in the low half), as mma operands want."""
+    return Int32(llvm.inline_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
+                                 "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def ld_relaxed_u32(addr: Int64, *, loc=None, ip=None):
+    """Strong (relaxed, GPU scope) 32-bit load: sees the value other blocks wrote last."""
+    return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                                 "ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def st_tagged(addr: Int64, val: Int32, tag: Int32, *, loc=None, ip=None):
+    """One single-copy-atomic 64-bit store of (val, tag): a reader that sees the tag sees val."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip),
+                           Int32(tag).ir_value(loc=loc, ip=ip)],
+                    "{\n\t.reg .b64 d;\n\tmov.b64 d, {$1, $2};\n\t"
+                    "st.relaxed.gpu.global.b64 [$0], d;\n\t}",
+                    "l,r,r", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+_POLLS = [0]  # unique PTX labels per poll instance
+
+
+@dsl_user_op
+def poll_tagged(rows, tag: Int32, steps: int, *, loc=None, ip=None):
+    """Whole warp: spin until the 4 * steps (value, tag) pairs of every lane in every row
+    (rows: byte addresses of the lane's first pair; 4 pairs per 128-byte step) carry `tag`,
+    then return the values (4 per step per row, bf16x2). 128-bit relaxed GPU-scope loads,
+    each 64-bit element single-copy atomic; the warp leaves the loop together (vote.all)."""
+    _POLLS[0] += 1
+    lab = f"TAGPOLL{_POLLS[0]}"
+    nv = 4 * steps * len(rows)
+    nq = nv  # one b64 register per pair
+    tin = nv + len(rows)  # operand index of the tag
+    lines = ["{", ".reg .pred ok, all;", f".reg .b64 q<{nq}>;", f".reg .b32 tg<{nv}>;", f"{lab}:"]
+    i = 0
+    for r in range(len(rows)):
+        for sk in range(steps):
+            for h in range(2):
+                lines.append(f"ld.relaxed.gpu.global.v2.b64 {{q{i}, q{i + 1}}}, [${nv + r}+{sk * 128 + h * 16}];")
+                i += 2
+    for j in range(nv):
+        lines.append(f"mov.b64 {{${j}, tg{j}}}, q{j};")
+    lines.append(f"setp.eq.u32 ok, tg0, ${tin};")
+    for j in range(1, nv):
+        lines.append(f"setp.eq.and.u32 ok, tg{j}, ${tin}, ok;")
+    lines += ["vote.sync.all.pred all, ok, 0xffffffff;", "@!all nanosleep.u32 32;",
+              f"@!all bra {lab};", "}"]
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * nv),
+        [Int64(a).ir_value(loc=loc, ip=ip) for a in rows] + [Int32(tag).ir_value(loc=loc, ip=ip)],
+        "\n\t".join(lines),
+        ",".join(["=&r"] * nv + ["l"] * len(rows) + ["r"]),
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+    return [Int32(llvm.extractvalue(T.i32(), res, [j])) for j in range(nv)]
+
+
+@dsl_user_op
+def arrive_advance(addr: Int64, total: Int32, epoch: Int32, *, loc=None, ip=None):
+    """Count this block in at the counter *addr; the arrival that completes `total` resets
+    the counter and advances the launch epoch at addr + 4 (read by the next launch only)."""
+    llvm.inline_asm(
+        None,
+        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(total).ir_value(loc=loc, ip=ip),
+         Int32(epoch).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .u32 o, tm1, e1;\n\t.reg .pred p;\n\t"
+        "atom.relaxed.gpu.global.add.u32 o, [$0], 1;\n\t"
+        "sub.u32 tm1, $1, 1;\n\t"
+        "setp.eq.u32 p, o, tm1;\n\t"
+        "add.u32 e1, $2, 1;\n\t"
+        "@p st.relaxed.gpu.global.u32 [$0], 0;\n\t"
+        "@p st.relaxed.gpu.global.u32 [$0+4], e1;\n\t"
+        "}",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
 def globaltimer(*, loc=None, ip=None):
     """%globaltimer (ns, comparable across SMs)."""
     return Int64(llvm.inline_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l",
@@ -483,7 +573,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     producers still finish near the end, so F_B stays a 1-2 us tail). ``dbg`` stamps
     %globaltimer per block into the workspace (scripts/fused_timeline.py).
     """
-    from .config import fused_grid
+    from .config import fused_grid, fused_tag_offset
 
     MT = cfg.m_tile
     R = cfg.tiles
@@ -500,6 +590,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     T_ALL, T0, P, C = fused_grid(cfg, n, a0, kb, nb)
     GRID = T_ALL + C
     TOTAL = P + C
+    TAG_OFF = fused_tag_offset(cfg, n, a0, kb, nb)  # tagged f_a pairs (TAG), bytes
+    NV = 4 * (kb // 32) * (cfg.m_tile // 8)  # f_a words per consumer lane
     SB = kb // 32
     FP = cfg.fb_passes
     PDL = cfg.pdl
@@ -507,6 +599,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     WL = cfg.wl
     W_STEP = 512 if WL else 64
     PPF = cfg.ppf
+    TAG = cfg.tag
     DBG = cfg.dbg
     N = n
     K = k
@@ -526,6 +619,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         m_rows = mX.shape[0]
         smem = _SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+        if cutlass.const_expr(TAG):  # consumers: warp 0 stages the polled f_a words here
+            fs = smem.allocate_tensor(Int32, cute.make_layout(32 * NV), byte_alignment=16)
         ctr = mC.iterator.toint()
         so = mO.stride[0]
         if cutlass.const_expr(DBG):
@@ -557,6 +652,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
+            ep = Int32(0)
+            if cutlass.const_expr(TAG):
+                if sb < P:  # this launch's epoch (the previous launch advanced it)
+                    ep = ld_relaxed_u32(ctr + Int64(4))
 
             sx = mX.stride[0]
             x_base = mX.iterator.toint()
@@ -587,13 +686,33 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if cutlass.const_expr(DBG):
                     if tid == 0:
                         _stamp(ctr, bid, 1)
-                cute.arch.sync_threads()
-                if tid == 0:
-                    # the barrier orders the block's f_a stores before this thread's fence
-                    # (cumulative), so one fence per block publishes them all (run22: 0-0.2 us
-                    # faster than a fence in every thread)
-                    fence_acq_rel_gpu()
-                    red_add_release_gpu(ctr, Int32(1))
+                if cutlass.const_expr(TAG):
+                    # f_a again as (bf16x2, epoch + 1) pairs: the consumers spin on these
+                    for pp in cutlass.range_constexpr((OUT_BLK // 2 + NTHR - 1) // NTHR):
+                        pidx = tid + pp * NTHR
+                        if pidx < OUT_BLK // 2:
+                            i0 = 2 * pidx
+                            s0 = Float32(0.0)
+                            s1 = Float32(0.0)
+                            for q in cutlass.range_constexpr(WK):
+                                s0 = s0 + red[q * OUT_BLK + i0]
+                                s1 = s1 + red[q * OUT_BLK + i0 + 1]
+                            m = (i0 // 8) % MT
+                            col = blk0 + (i0 // (8 * MT)) * 8 + i0 % 8
+                            if m < m_rows:
+                                pa = ctr + Int64(TAG_OFF) + Int64(m * (KB // 2) + (col - A0) // 2) * 8
+                                st_tagged(pa, pack_bf16x2(s0, s1), ep + 1)
+                    cute.arch.sync_threads()  # every thread's epoch read before the arrival
+                    if tid == 0:
+                        arrive_advance(ctr, Int32(TOTAL), ep)
+                else:
+                    cute.arch.sync_threads()
+                    if tid == 0:
+                        # the barrier orders the block's f_a stores before this thread's fence
+                        # (cumulative), so one fence per block publishes them all (run22:
+                        # 0-0.2 us faster than a fence in every thread)
+                        fence_acq_rel_gpu()
+                        red_add_release_gpu(ctr, Int32(1))
             if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
@@ -624,8 +743,22 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
-            if tid == 0:
-                wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
+            ep = Int32(0)
+            if cutlass.const_expr(TAG):
+                # warp 0 spins on the tagged f_a pairs of its lanes (rows g, g + 8; 8 columns
+                # per 32-wide K step) and stages the values for the other warps
+                if warp == 0:
+                    ep = ld_relaxed_u32(ctr + Int64(4))
+                    tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
+                    rows = [tb + Int64(_imin(g, m_rows - 1)) * (KB * 4)]
+                    if cutlass.const_expr(MT == 16):
+                        rows.append(tb + Int64(_imin(g + 8, m_rows - 1)) * (KB * 4))
+                    vals = poll_tagged(rows, ep + 1, SB)
+                    for j in cutlass.range_constexpr(NV):
+                        fs[lane * NV + j] = vals[j]
+            else:
+                if tid == 0:
+                    wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
             cute.arch.sync_threads()
             if cutlass.const_expr(DBG):
                 if tid == 0:
@@ -635,11 +768,18 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
             afr = []
             for sk in cutlass.range_constexpr(SB):
-                xg = ld_l2_v4(fg + Int64(sk * 64))
-                if cutlass.const_expr(MT == 16):
-                    xh = ld_l2_v4(fh + Int64(sk * 64))
+                if cutlass.const_expr(TAG):
+                    xg = [fs[lane * NV + sk * 4 + j] for j in range(4)]
+                    if cutlass.const_expr(MT == 16):
+                        xh = [fs[lane * NV + (SB + sk) * 4 + j] for j in range(4)]
+                    else:
+                        xh = [Int32(0)] * 4
                 else:
-                    xh = [Int32(0)] * 4
+                    xg = ld_l2_v4(fg + Int64(sk * 64))
+                    if cutlass.const_expr(MT == 16):
+                        xh = ld_l2_v4(fh + Int64(sk * 64))
+                    else:
+                        xh = [Int32(0)] * 4
                 afr.append([xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]])
             for ps in cutlass.range_constexpr(FP):
                 if cutlass.const_expr(ps > 0):
@@ -656,6 +796,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                             if m < m_rows:
                                 if col < NB:
                                     mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+            if cutlass.const_expr(TAG):
+                if tid == 0:  # off the critical path: the epoch matters to the next launch only
+                    arrive_advance(ctr, Int32(TOTAL), ep)
             if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
