@@ -449,9 +449,12 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
     # run22 timed producers publishing f_a with one fence per block (after the barrier) instead
     # of one per thread: 0.03-0.23 us faster at M = 1, 4, 8 (now the only way)
-    # run23: consumers spin on tagged f_a pairs (no fence / counter / reload on the critical path)
+    # run23: consumers spin on tagged f_a pairs (no fence / counter / reload on the critical path):
+    # 0-0.4 us faster at M <= 8 with ppf (slower without); run24: with fewer consumer blocks
+    # (fb_passes 4: 3 blocks, so the grid is exactly one wave of 3 blocks/SM; 2: 6 blocks)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
-    (2, 8, 4, 2, 1, {"tag": 1}),
+    (2, 8, 4, 2, 4, {"ppf": 1, "tag": 1}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1}),
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)
