@@ -96,7 +96,7 @@ def correctness(ms, graph=True):
         yf.fill_(float("nan"))
         g1f.fill_(float("nan"))
         ec.kda_fused_step(x, wp, wfb, yf, g1f, fa_col=NQ,
-                          config=ec.default_fused_config(m, NP, H, NFA))
+                          config=ec.default_fused_config(m, NP, H, NFA, NQ))
         torch.cuda.synchronize()
         res["fused_kernel_out"] = check(yf, ref, f"fused kernel out M={m}")
         res["fused_kernel_g1"] = check(g1f, ref[:, NQ:NQ + NFA] @ wfb.float().t(),
@@ -426,7 +426,7 @@ def fused_candidates(m):
 
 
 def needed_fused():
-    need = {ec.default_fused_config(m, NP, H, NFA) for m in range(1, 17)}
+    need = {ec.default_fused_config(m, NP, H, NFA, NQ) for m in range(1, 17)}
     for m in (8, 16):
         need.update(fused_candidates(m))
     return sorted(need, key=lambda c: c.key())
@@ -452,8 +452,10 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run23: consumers spin on tagged f_a pairs (no fence / counter / reload on the critical path):
     # 0-0.4 us faster at M <= 8 with ppf (slower without); run24: with fewer consumer blocks
     # (fb_passes 4: 3 blocks, so the grid is exactly one wave of 3 blocks/SM; 2: 6 blocks)
+    # (fb_passes 4 was slower at every M, 2 at M >= 4); run25: the m_tile-16 poll split over
+    # two warps (one row each) takes the fused kernel from 112 to 78 registers
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
-    (2, 8, 4, 2, 4, {"ppf": 1, "tag": 1}),
+    (2, 8, 4, 2, 1, {"tag": 1}),
     (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1}),
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but

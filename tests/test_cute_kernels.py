@@ -194,7 +194,7 @@ NP, NQ, NFB, NFA = 6288, 6144, 1536, 128
 
 def test_fused_supports_and_configs():
     for m in ALL_M:
-        cfg = ec.default_fused_config(m, NP, 7168, NFA)
+        cfg = ec.default_fused_config(m, NP, 7168, NFA, NQ)
         assert cfg.kind == "fused"
         assert ec.check_fused(cfg, m, NP, 7168, NQ, NFB, NFA) is None
         assert ec.Config.from_dict(cfg.to_dict()) == cfg
@@ -205,7 +205,7 @@ def test_fused_supports_and_configs():
     assert ec.supports_fused(4, NP, 7168, NQ, NFB, NFA, "bfloat16", 7168, NP + 4) is not None
     from executors.cute.config import fused_grid
 
-    t_all, t0, p, c = fused_grid(ec.default_fused_config(4, NP, 7168, NFA), NP, NQ, NFA, NFB)
+    t_all, t0, p, c = fused_grid(ec.default_fused_config(4, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
     assert (t_all, t0, p, c) == (393, 384, 8, 12)
 
 
@@ -214,18 +214,18 @@ def test_fused_ptx(m):
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    cfg = ec.default_fused_config(m, NP, 7168, NFA)
+    cfg = ec.default_fused_config(m, NP, 7168, NFA, NQ)
     ptx = ec.compile_fused_for_arch(cfg, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
     assert ".target sm_90a" in ptx
     assert re.findall(r"ld\.global\.nc[.\w:]*\.v4\.u32", ptx), "no 128-bit weight loads"
-    assert "ld.global.cg.v4.u32" in ptx, "f_a must be read through L2 with 128-bit loads"
     waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
     assert len(waits) == 2, "one PDL wait per branch (stream, consumer)"
     assert ptx.find("ld.global.nc") < waits[0]
-    # producer publishes with fence + release add; consumer waits with an acquire load
-    assert "fence.acq_rel.gpu" in ptx and "red.release.gpu.global.add.u32" in ptx
-    assert "ld.acquire.gpu.global.u32" in ptx and "atom.relaxed.gpu.global.add.u32" in ptx
-    assert ptx.index("griddepcontrol.wait", waits[1]) < ptx.index("ld.acquire.gpu")
+    # the Kimi-K3 f_a columns are tile-aligned: consumers take f_a through tagged pairs
+    # (test_fused_tagged_handoff_ptx); the counter handoff: test_publish_one_fence_per_block_ptx
+    assert cfg.tag == 1 and "vote.sync.all.pred" in ptx and "fence.acq_rel" not in ptx
+    assert ec.default_fused_config(m, NP, 7168, NFA).tag == 0, "f_a column unknown: counter"
+    assert ec.default_fused_config(m, NP, 7168, NFA, NQ - 8).tag == 0, "not tile-aligned: counter"
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert ".local" not in ptx
     # M <= 8: the producers bulk-prefetch their weight rows into L2 (ppf) before the wait
@@ -250,7 +250,7 @@ def test_dbg_timeline_knob():
     # start stamp in both branches, mid + end in producers (one per branch) and consumers
     assert ptx.count("%globaltimer") == 5 and ptx.count("%smid") == 1
     assert "%globaltimer" not in ec.compile_fused_for_arch(
-        ec.default_fused_config(8, NP, 7168, NFA), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
 
 
 def test_publish_one_fence_per_block_ptx():
@@ -259,17 +259,24 @@ def test_publish_one_fence_per_block_ptx():
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    ptx = ec.compile_fused_for_arch(ec.default_fused_config(8, NP, 7168, NFA), NP, 7168, NQ, NFB, NFA,
-                                    arch="sm_90a")
-    f, red = ptx.index("fence.acq_rel.gpu"), ptx.index("red.release.gpu.global.add.u32")
-    bars = [i.start() for i in re.finditer(r"bar\.sync", ptx) if i.start() < red]
-    assert ptx.count("fence.acq_rel.gpu") == 1 and bars[-1] < f < red
+    for m in (4, 16):
+        cfg = ec.default_fused_config(m, NP, 7168, NFA)  # f_a column unknown: counter handoff
+        assert cfg.tag == 0
+        ptx = ec.compile_fused_for_arch(cfg, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        f, red = ptx.index("fence.acq_rel.gpu"), ptx.index("red.release.gpu.global.add.u32")
+        bars = [i.start() for i in re.finditer(r"bar\.sync", ptx) if i.start() < red]
+        assert ptx.count("fence.acq_rel.gpu") == 1 and bars[-1] < f < red
+        # the consumers wait with an acquire load after their PDL wait, then read f_a
+        # through L2 with 128-bit loads
+        waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
+        assert "ld.acquire.gpu.global.u32" in ptx and "atom.relaxed.gpu.global.add.u32" in ptx
+        assert waits[1] < ptx.index("ld.acquire.gpu") < ptx.index("ld.global.cg.v4.u32")
 
 
 def test_fused_tagged_handoff_ptx():
-    """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, warp 0 of
-    each consumer spins on those pairs (128-bit relaxed loads, warp vote) and stages them in
-    shared memory; no fence and no counter on the critical path; producers and consumers
+    """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, one warp
+    per 8 rows of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
+    stages them in shared memory; no fence and no counter on the critical path; producers and consumers
     count themselves in at the end and the last one advances the epoch."""
     from executors.cute.config import fused_tag_offset, fused_workspace_words
 
@@ -291,8 +298,8 @@ def test_fused_tagged_handoff_ptx():
         assert len(waits) == 2 and ptx.find("ld.global.nc") < waits[0]
         epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u32", ptx)]
         assert len(epochs) == 2 and waits[0] < epochs[0] and waits[1] < epochs[1]
-        # 4 x 32-wide K steps x 2 vectors per row (g, and g + 8 at m_tile 16)
-        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 8 * (mt // 8)
+        # one row per polling warp: 4 x 32-wide K steps x 2 vectors
+        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 8
         assert ptx.count("st.relaxed.gpu.global.b64") == 1 and "cvt.rn.bf16x2.f32" in ptx
         assert ptx.count("vote.sync.all.pred") == 1 and ptx.count("atom.relaxed.gpu") == 2
         for absent in ("fence.acq_rel", "red.release", "ld.acquire", "ld.global.cg.v4.u32", ".local"):
@@ -339,7 +346,7 @@ def test_gpu_fused_step(m):
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
     # default dispatch (one fused kernel for M <= FUSED_MAX_M, two launches above), then
     # the fused kernel forced for every M; repeated launches: the counter resets itself
-    forced = ec.default_fused_config(m, NP, 7168, NFA)
+    forced = ec.default_fused_config(m, NP, 7168, NFA, NQ)
     for cfg in (None, None, forced, forced, forced):
         out.fill_(float("nan"))
         g1.fill_(float("nan"))

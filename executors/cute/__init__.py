@@ -349,7 +349,7 @@ def supports_fused(m: int, n: int, k: int, fa_col: int, nb: int, kb: int, dtype,
     if out_row_stride < n or out_row_stride % 8:
         return f"out row stride {out_row_stride} must be >= N and a multiple of 8"
     try:
-        cfg = default_fused_config(m, n, k, kb)
+        cfg = default_fused_config(m, n, k, kb, fa_col)
     except ValueError as e:
         return str(e)
     return check_fused(cfg, m, n, k, fa_col, nb, kb)
@@ -435,7 +435,7 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
         skinny_gemm(x, w_packed, out)
         skinny_gemm(out[:, fa_col:fa_col + kb], w_fb, g1)
         return out, g1
-    cfg = config if config is not None else default_fused_config(m, n, k, kb)
+    cfg = config if config is not None else default_fused_config(m, n, k, kb, fa_col)
     why = check_fused(cfg, m, n, k, fa_col, nb, kb)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run this step: {why}")
