@@ -454,9 +454,12 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (fb_passes 4: 3 blocks, so the grid is exactly one wave of 3 blocks/SM; 2: 6 blocks)
     # (fb_passes 4 was slower at every M, 2 at M >= 4); run25: the m_tile-16 poll split over
     # two warps (one row each) takes the fused kernel from 112 to 78 registers
+    # run26: polls split per (row half, K step): t2 at 64 registers (4 blocks/SM possible),
+    # t1/wn2 at 40 (3 blocks of 512 threads per SM, like the fastest stream kernel)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
-    (2, 8, 4, 2, 1, {"tag": 1}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1}),
+    (1, 8, 4, 1, 1, {"warps_n": 2, "ppf": 1, "tag": 1}),
+    (1, 8, 4, 1, 1, {"warps_n": 2, "tag": 1}),
+    (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1, "tag": 1}),
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)

@@ -275,7 +275,7 @@ def test_publish_one_fence_per_block_ptx():
 
 def test_fused_tagged_handoff_ptx():
     """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, one warp
-    per 8 rows of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
+    per (8 rows, 32-wide K step) of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
     stages them in shared memory; no fence and no counter on the critical path; producers and consumers
     count themselves in at the end and the last one advances the epoch."""
     from executors.cute.config import fused_tag_offset, fused_workspace_words
@@ -298,8 +298,8 @@ def test_fused_tagged_handoff_ptx():
         assert len(waits) == 2 and ptx.find("ld.global.nc") < waits[0]
         epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u32", ptx)]
         assert len(epochs) == 2 and waits[0] < epochs[0] and waits[1] < epochs[1]
-        # one row per polling warp: 4 x 32-wide K steps x 2 vectors
-        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 8
+        # one (row half, 32-wide K step) per polling warp: 2 vectors of 2 pairs
+        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 2
         assert ptx.count("st.relaxed.gpu.global.b64") == 1 and "cvt.rn.bf16x2.f32" in ptx
         assert ptx.count("vote.sync.all.pred") == 1 and ptx.count("atom.relaxed.gpu") == 2
         for absent in ("fence.acq_rel", "red.release", "ld.acquire", "ld.global.cg.v4.u32", ".local"):
@@ -366,16 +366,18 @@ def test_gpu_fused_warps_n(m):
     import torch
 
     mt = 8 if m <= 8 else 16
-    cfg = ec.Config("fused", m_tile=mt, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1, ppf=1)
     x, wp, wb = _fused_inputs(m, 800 + m)
-    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
-    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    for _ in range(2):
-        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
-    torch.cuda.synchronize()
-    ref = x.float() @ wp.float().t()
-    _check(out, ref, f"fused wn2 out M={m}")
-    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused wn2 g1 M={m}")
+    for tag in (0, 1, 1, 0):  # both f_a handoffs, sharing the stream's workspace
+        cfg = ec.Config("fused", m_tile=mt, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1,
+                        ppf=1, tag=tag)
+        out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+        g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+        x.copy_(torch.randn_like(x))
+        for _ in range(2):
+            ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
+        torch.cuda.synchronize()
+        _check(out, x.float() @ wp.float().t(), f"fused wn2 tag={tag} out M={m}")
+        _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused wn2 tag={tag} g1 M={m}")
 
 
 @pytest.mark.gpu
