@@ -32,9 +32,8 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
     # run23: consumers spin on tagged f_a pairs instead of a counter
     (1, dict(m_tile=8, ppf=1, tag=1)), (8, dict(m_tile=8, ppf=1, tag=1)), (16, dict(m_tile=16, tag=1)),
-    # run26: ... with 2 warps along N (512 threads, 40 registers)
-    (1, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1, tag=1)),
-    (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1, tag=1)),
+    # run27: pinned to 3 blocks/SM with shared memory
+    (8, dict(m_tile=8, ppf=1, tag=1, pin=3)),
 ]
 
 

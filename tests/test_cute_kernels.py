@@ -275,7 +275,7 @@ def test_publish_one_fence_per_block_ptx():
 
 def test_fused_tagged_handoff_ptx():
     """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, one warp
-    per (8 rows, 32-wide K step) of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
+    per 8 rows of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
     stages them in shared memory; no fence and no counter on the critical path; producers and consumers
     count themselves in at the end and the last one advances the epoch."""
     from executors.cute.config import fused_tag_offset, fused_workspace_words
@@ -298,12 +298,30 @@ def test_fused_tagged_handoff_ptx():
         assert len(waits) == 2 and ptx.find("ld.global.nc") < waits[0]
         epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u32", ptx)]
         assert len(epochs) == 2 and waits[0] < epochs[0] and waits[1] < epochs[1]
-        # one (row half, 32-wide K step) per polling warp: 2 vectors of 2 pairs
-        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 2
+        # one row per polling warp: 4 x 32-wide K steps x 2 vectors
+        assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 8
         assert ptx.count("st.relaxed.gpu.global.b64") == 1 and "cvt.rn.bf16x2.f32" in ptx
         assert ptx.count("vote.sync.all.pred") == 1 and ptx.count("atom.relaxed.gpu") == 2
         for absent in ("fence.acq_rel", "red.release", "ld.acquire", "ld.global.cg.v4.u32", ".local"):
             assert absent not in ptx, absent
+
+
+def test_pin_knob():
+    """pin=p reserves shared memory so p blocks fit on an sm_90 SM (228 KiB, 1 KiB reserved
+    per block) and p + 1 do not."""
+    from executors.cute.config import SMEM_PER_SM_KB, pin_smem_bytes
+
+    for p in range(1, 9):
+        per_block = pin_smem_bytes(p) + 1024
+        assert p * per_block <= SMEM_PER_SM_KB * 1024 < (p + 1) * per_block
+    assert pin_smem_bytes(0) == 0
+    c = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pin=3)
+    assert c.check(8, NP, 7168) is None and "_pin3_" in c.key()
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pin=9).check(8, NP, 7168)
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    assert "griddepcontrol.wait" in ec.compile_for_arch(c, NP, 7168, arch="sm_90a")
 
 
 def test_variant_knobs_compile():

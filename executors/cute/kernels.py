@@ -18,7 +18,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .config import Config
+from .config import Config, pin_smem_bytes
 
 try:  # 4.8 spelling
     from cutlass.memory import SmemAllocator as _SmemAllocator
@@ -317,6 +317,14 @@ def _prefetch_chunks(pf_row, R: int, lane, it0: int, it1: int, U: int):
 # --------------------------------------------------------------------------------------
 # Tensor-core kernel (kinds split_k and stream)
 # --------------------------------------------------------------------------------------
+def _pin_pad(smem, pin: int, used: int):
+    """Reserve unused shared memory so the block takes pin_smem_bytes(pin) in all."""
+    if pin:
+        pad = pin_smem_bytes(pin) - used
+        if pad > 0:
+            smem.allocate_tensor(Int32, cute.make_layout(pad // 4), byte_alignment=16)
+
+
 def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL: int):
     """Byte address of this lane's weight vector for K step `step0` in each of its R n8 tiles.
 
@@ -445,6 +453,7 @@ def build_tc(cfg: Config, n: int, k: int):
         else:
             smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+            _pin_pad(smem, cfg.pin, 4 * WK * OUT_BLK)
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
                     for e in cutlass.range_constexpr(2):
@@ -598,7 +607,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     GRID = T_ALL + C
     TOTAL = P + C
     TAG_OFF = fused_tag_offset(cfg, n, a0, kb, nb)  # tagged f_a pairs (TAG), bytes
-    NJOB = (kb // 32) * (cfg.m_tile // 8)  # (row half, K step) polls per consumer block
+    NV1 = 4 * (kb // 32)  # f_a words per consumer lane and row
     SB = kb // 32
     FP = cfg.fb_passes
     PDL = cfg.pdl
@@ -627,7 +636,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         smem = _SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
         if cutlass.const_expr(TAG):  # consumers: warp 0 stages the polled f_a words here
-            fs = smem.allocate_tensor(Int32, cute.make_layout(128 * NJOB), byte_alignment=16)
+            fs = smem.allocate_tensor(Int32, cute.make_layout(32 * NV1 * (MT // 8)), byte_alignment=16)
+        _pin_pad(smem, cfg.pin, 4 * WK * OUT_BLK + (128 * NV1 * (MT // 8) if TAG else 0))
         ctr = mC.iterator.toint()
         so = mO.stride[0]
         if cutlass.const_expr(DBG):
@@ -750,22 +760,20 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
+            ep = Int32(0)
             if cutlass.const_expr(TAG):
-                # warp w < (m_tile / 8) * SB spins on the tagged f_a pairs of one (row g + 8h,
-                # 32-wide K step sk) for its lanes (4 pairs: 8 columns) and stages the values
-                # for all warps; small polls keep the consumer's registers below the stream
-                # loop's (a register-heavy poll would cost a resident block per SM)
-                ep = Int32(0)
-                for jj in cutlass.range_constexpr((NJOB + NW - 1) // NW):
-                    job = warp + jj * NW
-                    if job < NJOB:
-                        ep = ld_relaxed_u32(ctr + Int64(4))
-                        row = _imin(g + 8 * (job // SB), m_rows - 1)
-                        pa = (ctr + Int64(TAG_OFF) + Int64(row) * (KB * 4) + Int64(t * 32)
-                              + Int64(job % SB) * 128)
-                        vals = poll_tagged([pa], ep + 1, 1)
-                        for j in cutlass.range_constexpr(4):
-                            fs[(job * 32 + lane) * 4 + j] = vals[j]
+                # warp h (< m_tile / 8) spins on the tagged f_a pairs of row g + 8h for its
+                # lanes (8 columns per 32-wide K step) and stages the values for all warps.
+                # Register footprint matters here: with one row per warp the m_tile-8 and -16
+                # kernels (t2/wk8) use 78 registers, 3 blocks/SM; a poll per (row, K step)
+                # brought them to 64, 4 blocks/SM fit and the step got 4-5 us slower (run26)
+                if warp < MT // 8:
+                    ep = ld_relaxed_u32(ctr + Int64(4))
+                    tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
+                    row = _imin(g + 8 * warp, m_rows - 1)
+                    vals = poll_tagged([tb + Int64(row) * (KB * 4)], ep + 1, SB)
+                    for j in cutlass.range_constexpr(NV1):
+                        fs[(warp * 32 + lane) * NV1 + j] = vals[j]
             else:
                 if tid == 0:
                     wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
@@ -779,9 +787,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             afr = []
             for sk in cutlass.range_constexpr(SB):
                 if cutlass.const_expr(TAG):
-                    xg = [fs[(sk * 32 + lane) * 4 + j] for j in range(4)]
+                    xg = [fs[lane * NV1 + sk * 4 + j] for j in range(4)]
                     if cutlass.const_expr(MT == 16):
-                        xh = [fs[((SB + sk) * 32 + lane) * 4 + j] for j in range(4)]
+                        xh = [fs[(32 + lane) * NV1 + sk * 4 + j] for j in range(4)]
                     else:
                         xh = [Int32(0)] * 4
                 else:

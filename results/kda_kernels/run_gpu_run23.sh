@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run21 (2026-11-30): producer K split (pks = 7, knob only at commit 4e22246); run22: one fence per
-# producer block; run23: tagged f_a handoff (tag); run24: tag + 3 consumer blocks; run25: m_tile-16 poll over two warps; run26: one poll per (row half, K step) - variant sweep, GPU tests, per-block timeline; run after staging
+# producer block; run23: tagged f_a handoff (tag); run24: tag + 3 consumer blocks; run25: m_tile-16 poll over two warps; run26: one poll per (row half, K step); run27: pin - variant sweep, GPU tests, per-block timeline; run after staging
 # the wheels (see run_gpu.sh), with PYTHONPATH and PLANNER_CACHE_DIR set.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
