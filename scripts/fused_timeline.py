@@ -32,8 +32,6 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
     # run23: consumers spin on tagged f_a pairs instead of a counter
     (1, dict(m_tile=8, ppf=1, tag=1)), (8, dict(m_tile=8, ppf=1, tag=1)), (16, dict(m_tile=16, tag=1)),
-    # run27: pinned to 3 blocks/SM with shared memory
-    (8, dict(m_tile=8, ppf=1, tag=1, pin=3)),
 ]
 
 

@@ -306,24 +306,6 @@ def test_fused_tagged_handoff_ptx():
             assert absent not in ptx, absent
 
 
-def test_pin_knob():
-    """pin=p reserves shared memory so p blocks fit on an sm_90 SM (228 KiB, 1 KiB reserved
-    per block) and p + 1 do not."""
-    from executors.cute.config import SMEM_PER_SM_KB, pin_smem_bytes
-
-    for p in range(1, 9):
-        per_block = pin_smem_bytes(p) + 1024
-        assert p * per_block <= SMEM_PER_SM_KB * 1024 < (p + 1) * per_block
-    assert pin_smem_bytes(0) == 0
-    c = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pin=3)
-    assert c.check(8, NP, 7168) is None and "_pin3_" in c.key()
-    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, pin=9).check(8, NP, 7168)
-    if not ec.importable():
-        pytest.skip("nvidia-cutlass-dsl not importable")
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    assert "griddepcontrol.wait" in ec.compile_for_arch(c, NP, 7168, arch="sm_90a")
-
-
 def test_variant_knobs_compile():
     """The run7/run8 experiment knobs (measured slower on the H200, kept selectable):
     L2 bulk prefetch (pf), launch attributes (minb, carve), consumer passes (fb_passes)."""

@@ -50,10 +50,6 @@ class Config:
     # ptxas (0 = none; caps registers) and preferred shared-memory carveout in percent
     # (-1 = driver default; 0 = largest L1)
     minb: int = 0
-    # tensor-core kinds: pin the residency to `pin` blocks per SM with unused shared memory
-    # (0 = off): each block reserves pin_smem_bytes(), so pin + 1 blocks cannot share an SM
-    # whatever the register count or the driver's carveout choice
-    pin: int = 0
     carve: int = -1
     # tensor-core kinds: L2 bulk-prefetch distance in loop iterations (0 = none): the
     # prologue prefetches iterations [0, pf) of every weight row, iteration it then
@@ -81,8 +77,6 @@ class Config:
             s += f"_wl{self.wl}"
         if self.minb:
             s += f"_mb{self.minb}"
-        if self.pin:
-            s += f"_pin{self.pin}"
         if self.carve >= 0:
             s += f"_cv{self.carve}"
         if self.pf:
@@ -166,8 +160,6 @@ class Config:
             return "minb * threads must be <= 2048 and carve in -1..100"
         if self.pf < 0:
             return "pf must be >= 0"
-        if not 0 <= self.pin <= 8:
-            return "pin must be 0 (off) or 1..8 blocks per SM"
         if self.wl not in (0, 1):
             return "wl must be 0 (row-major) or 1 (tiled)"
         if self.wl and (n % 8 or self.pf or self.ppf):
@@ -176,14 +168,6 @@ class Config:
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
             return "ppf, tag and dbg are 0/1 knobs of the fused kind"
         return None
-
-
-SMEM_PER_SM_KB = 228  # sm_90 (H100/H200): shared memory per SM; 1 KiB more is reserved per block
-
-
-def pin_smem_bytes(pin: int) -> int:
-    """Shared memory per block that lets `pin` blocks share an SM but not pin + 1."""
-    return (SMEM_PER_SM_KB // (pin + 1) + 1) * 1024 if pin else 0
 
 
 def _tc(kind, m_tile, tiles, warps_n, warps_k, unroll):

@@ -18,7 +18,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .config import Config, pin_smem_bytes
+from .config import Config
 
 try:  # 4.8 spelling
     from cutlass.memory import SmemAllocator as _SmemAllocator
@@ -317,14 +317,6 @@ def _prefetch_chunks(pf_row, R: int, lane, it0: int, it1: int, U: int):
 # --------------------------------------------------------------------------------------
 # Tensor-core kernel (kinds split_k and stream)
 # --------------------------------------------------------------------------------------
-def _pin_pad(smem, pin: int, used: int):
-    """Reserve unused shared memory so the block takes pin_smem_bytes(pin) in all."""
-    if pin:
-        pad = pin_smem_bytes(pin) - used
-        if pad > 0:
-            smem.allocate_tensor(Int32, cute.make_layout(pad // 4), byte_alignment=16)
-
-
 def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL: int):
     """Byte address of this lane's weight vector for K step `step0` in each of its R n8 tiles.
 
@@ -453,7 +445,6 @@ def build_tc(cfg: Config, n: int, k: int):
         else:
             smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-            _pin_pad(smem, cfg.pin, 4 * WK * OUT_BLK)
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
                     for e in cutlass.range_constexpr(2):
@@ -637,7 +628,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
         if cutlass.const_expr(TAG):  # consumers: warp 0 stages the polled f_a words here
             fs = smem.allocate_tensor(Int32, cute.make_layout(32 * NV1 * (MT // 8)), byte_alignment=16)
-        _pin_pad(smem, cfg.pin, 4 * WK * OUT_BLK + (128 * NV1 * (MT // 8) if TAG else 0))
         ctr = mC.iterator.toint()
         so = mO.stride[0]
         if cutlass.const_expr(DBG):
