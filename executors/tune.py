@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import random
 import re
 import statistics
 import sys
@@ -364,7 +365,8 @@ def capture_steps(f, iters: int, warmup: int, nsets: int, sync=None):
 
 def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, nsets: int = 4) -> dict:
     """fns: {name: f(i)} where step i uses weight set i % nsets. One graph of `iters` steps per
-    name, captured on a side stream after warm-ups; replays alternate order; median us/step."""
+    name, captured on a side stream after warm-ups; every trial replays them in a new (seeded)
+    random order, so no path always follows the same neighbour; median us/step."""
     import torch
     if not torch.cuda.is_available():  # CPU dry run: eager wall clock, same interface
         return eager_times(fns, iters, trials)
@@ -377,8 +379,10 @@ def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, ns
     torch.cuda.synchronize()
     times = {n: [] for n in graphs}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for t in range(trials):
-        for n in (list(graphs) if t % 2 == 0 else list(reversed(graphs))):
+    order, rng = list(graphs), random.Random(0)
+    for _ in range(trials):
+        rng.shuffle(order)
+        for n in order:
             e0.record()
             graphs[n].replay()
             e1.record()

@@ -9,6 +9,8 @@ Paths per M (decode tokens), us per layer step:
              file's limits (gate) and backends/configs (executors.tune.apply_tuning); the gate
              sees `capturing` so it picks its variant as inside GraphedExecutor
   forced_*   the compiled plan with the region forced to each variant (information)
+  kernel     executors.cute.kda_fused_step called directly on preallocated outputs (information:
+             what the compiled plan adds on top of its kernel launches)
   floor      weight bytes (6288x7168 + 1536x128, bf16) / HBM read bandwidth measured here
 Correctness first per M: fresh random x, the compiled plan eagerly and through
 GraphedExecutor with NaN-poisoned static outputs, and both hand paths, against fp32
@@ -123,7 +125,7 @@ COLS = [("M", "M", ""), ("seq_us", "before: seq torch", ".2f"), ("two_torch_us",
         ("compiled_us", "compiled", ".2f"), ("variant", "variant", ""), ("floor_us", "floor", ".2f"),
         ("compiled_over_floor", "comp/floor", ".3f"), ("seq_over_compiled", "seq/comp (>=1.25)", ".3f"),
         ("two_over_compiled", "2s/comp (>=1.0)", ".3f"), ("forced_two_branch_us", "forced two_branch", ".2f"),
-        ("forced_packed_us", "forced packed", ".2f"), ("ok", "check", "")]
+        ("forced_packed_us", "forced packed", ".2f"), ("kernel_us", "kernel alone", ".2f"), ("ok", "check", "")]
 
 
 def main() -> int:
@@ -155,6 +157,10 @@ def main() -> int:
     if not cpu:
         log(f"[kda] HBM: sum read {bw['sum_read_TBps']:.3f} TB/s, copy {bw['copy_rw_TBps']:.3f} TB/s (r+w)")
     gen = torch.Generator().manual_seed(0)
+    cute_step = None
+    if not cpu:
+        from executors import cute
+        cute_step = cute.kda_fused_step if cute.available() else None
     rows = []
     backends = None
     for m in parse_tokens(a.ms, []):
@@ -207,6 +213,11 @@ def main() -> int:
 
         fns = {"seq": p.seq, "two_torch": p.two_torch, "compiled": lambda i, exs=exs, p=p: exs[i % NSETS](x=p.x),
                "forced_two_branch": forced("two_branch"), "forced_packed": forced("packed")}
+        if not cpu and cute_step is not None:
+            def kernel(i, p=p):
+                j = i % NSETS
+                return cute_step(p.x, p.wp[j], p.wfb[j], p.y[j], p.g1[j], fa_col=shp.NQ)
+            fns["kernel"] = kernel
         t = eager_times(fns, a.iters, a.trials) if cpu else time_graphs(fns, iters=a.iters, trials=a.trials, nsets=NSETS)
         row = {"M": m, **{f"{k}_us": round(v, 2) for k, v in t.items()}, "variant": variant, "limit": limit,
                "seq_over_compiled": round(t["seq"] / t["compiled"], 3),
@@ -215,7 +226,8 @@ def main() -> int:
         rows.append(row)
         log(f"[kda] M={m:2d}: seq {t['seq']:.2f}  2s-torch {t['two_torch']:.2f}  compiled {t['compiled']:.2f} ({variant})"
             f"  forced 2b {t['forced_two_branch']:.2f} / packed {t['forced_packed']:.2f} us"
-            f"  check {'ok' if ok else 'FAILED'} [{time.time() - t0:.0f}s]")
+            + (f"  kernel {t['kernel']:.2f}" if "kernel" in t else "")
+            + f"  check {'ok' if ok else 'FAILED'} [{time.time() - t0:.0f}s]")
         p = exs = None
         if not cpu:
             torch.cuda.empty_cache()
