@@ -16,7 +16,7 @@ Correctness first per M: fresh random x, the compiled plan eagerly and through
 GraphedExecutor with NaN-poisoned static outputs, and both hand paths, against fp32
 references (cosine > 0.999, rel < 1e-2; g1's reference uses the bf16-rounded f_a).
 Timing: one CUDA graph of --iters steps per path, 4 weight sets rotated (the L2 is 60 MB),
-2 warm-ups, median of --trials replays in alternating order.
+2 warm-ups, median of --trials (21) replays, the paths in a new random order every trial.
 
     python scripts/bench_kda_step.py --tuning results/tuning/X.json --out results/kda_step
     python scripts/bench_kda_step.py --dry-run     # CPU, small shapes, no graphs
@@ -133,7 +133,7 @@ def main() -> int:
     ap.add_argument("--tuning", help="tuning file from `planner tune` (limits + backends)")
     ap.add_argument("--ms", default="1..16")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--trials", type=int, default=21)
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--stem", default="kda_step")
     ap.add_argument("--dry-run", action="store_true", help="CPU, small shapes, eager timing")

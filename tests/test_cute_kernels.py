@@ -97,6 +97,20 @@ def _fused_inputs(m, seed):
     return x, wp, wb
 
 
+def _replay_fresh(graph, x, outs, check, times=3):
+    """Replay `graph` `times` times on fresh x with NaN-poisoned (out, g1) pairs, check() each."""
+    import torch
+
+    for _ in range(times):
+        for o, g in outs:
+            o.fill_(float("nan"))
+            g.fill_(float("nan"))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        check()
+
+
 def _check(out, ref, tag):
     import torch
 
@@ -430,17 +444,13 @@ def test_gpu_fused_graph_side_stream(m):
     with torch.cuda.graph(graph, stream=side):
         for o, g in outs:
             ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ)
-    for _ in range(3):
-        for o, g in outs:
-            o.fill_(float("nan"))
-            g.fill_(float("nan"))
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
+    def check():
         ref = x.float() @ wp.float().t()
         for o, g in outs:
             _check(o, ref, "graph fused out")
             _check(g, ref[:, NQ:NQ + NFA] @ wb.float().t(), "graph fused g1")
+
+    _replay_fresh(graph, x, outs, check)
 
 
 @pytest.mark.gpu
@@ -482,14 +492,7 @@ def test_gpu_fused_tagged_handoff(m):
     with torch.cuda.graph(graph, stream=side):
         for o, g in outs:
             ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=tagged)
-    for _ in range(3):
-        for o, g in outs:
-            o.fill_(float("nan"))
-            g.fill_(float("nan"))
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        check("graph tagged")
+    _replay_fresh(graph, x, outs, lambda: check("graph tagged"))
 
 
 def test_tiled_weight_layout():
