@@ -87,6 +87,15 @@ def red_add_release_gpu(addr: Int64, val: Int32, *, loc=None, ip=None):
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+def _arrive_ptx(total: str) -> str:
+    """PTX: count one arrival at [$0]; the one that completes `total` sets p and resets the
+    counter to 0 (needs .reg .u32 o, tm1 and .reg .pred p)."""
+    return ("atom.relaxed.gpu.global.add.u32 o, [$0], 1;\n\t"
+            f"sub.u32 tm1, {total}, 1;\n\t"
+            "setp.eq.u32 p, o, tm1;\n\t"
+            "@p st.relaxed.gpu.global.u32 [$0], 0;\n\t")
+
+
 @dsl_user_op
 def wait_then_arrive(addr: Int64, target: Int32, total: Int32, *, loc=None, ip=None):
     """Spin (acquire, GPU scope) until *addr >= target, then add 1; the arrival that
@@ -102,12 +111,7 @@ def wait_then_arrive(addr: Int64, target: Int32, total: Int32, *, loc=None, ip=N
         "@!p bra DONE;\n\t"
         "nanosleep.u32 64;\n\t"
         "bra SPIN;\n\t"
-        "DONE:\n\t"
-        "atom.relaxed.gpu.global.add.u32 o, [$0], 1;\n\t"
-        "sub.u32 tm1, $2, 1;\n\t"
-        "setp.eq.u32 p, o, tm1;\n\t"
-        "@p st.relaxed.gpu.global.u32 [$0], 0;\n\t"
-        "}",
+        "DONE:\n\t" + _arrive_ptx("$2") + "}",
         "l,r,r",
         has_side_effects=True,
         is_align_stack=False,
@@ -191,11 +195,7 @@ def arrive_advance(addr: Int64, total: Int32, epoch: Int32, *, loc=None, ip=None
         [Int64(addr).ir_value(loc=loc, ip=ip), Int32(total).ir_value(loc=loc, ip=ip),
          Int32(epoch).ir_value(loc=loc, ip=ip)],
         "{\n\t.reg .u32 o, tm1, e1;\n\t.reg .pred p;\n\t"
-        "atom.relaxed.gpu.global.add.u32 o, [$0], 1;\n\t"
-        "sub.u32 tm1, $1, 1;\n\t"
-        "setp.eq.u32 p, o, tm1;\n\t"
-        "add.u32 e1, $2, 1;\n\t"
-        "@p st.relaxed.gpu.global.u32 [$0], 0;\n\t"
+        "add.u32 e1, $2, 1;\n\t" + _arrive_ptx("$1") +
         "@p st.relaxed.gpu.global.u32 [$0+4], e1;\n\t"
         "}",
         "l,r,r",
@@ -569,8 +569,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     needed between launches or graph replays. No ordering assumption is needed to be
     deadlock-free: producers never wait, and C is far below the resident capacity.
     Knob ``tag`` (the default when f_a is tile-aligned): the producers also store f_a as
-    64-bit (bf16x2, epoch + 1) pairs in the workspace and warp 0 of every consumer spins on
-    those pairs themselves, so no fence, no counter round trip and no reload of f_a sit
+    64-bit (bf16x2, epoch + 1) pairs in the workspace and one warp per 8 rows of every
+    consumer spins on those pairs themselves, so no fence, no counter round trip and no reload of f_a sit
     between the last producer and F_B (H200 run23/run24: 0.4 us per step at M = 8); the
     epoch (workspace word 1) is read after the PDL wait and advanced by the last of the
     P + C arrivals, so the next launch (which starts reading it only after this grid has
@@ -626,7 +626,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         m_rows = mX.shape[0]
         smem = _SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-        if cutlass.const_expr(TAG):  # consumers: warp 0 stages the polled f_a words here
+        if cutlass.const_expr(TAG):  # consumers: the polling warps stage f_a words here
             fs = smem.allocate_tensor(Int32, cute.make_layout(32 * NV1 * (MT // 8)), byte_alignment=16)
         ctr = mC.iterator.toint()
         so = mO.stride[0]
