@@ -150,35 +150,31 @@ _POLLS = [0]  # unique PTX labels per poll instance
 
 
 @dsl_user_op
-def poll_tagged(rows, tag: Int32, steps: int, *, loc=None, ip=None):
-    """Whole warp: spin until the 4 * steps (value, tag) pairs of every lane in every row
-    (rows: byte addresses of the lane's first pair; 4 pairs per 128-byte step) carry `tag`,
-    then return the values (4 per step per row, bf16x2). 128-bit relaxed GPU-scope loads,
-    each 64-bit element single-copy atomic; the warp leaves the loop together (vote.all)."""
+def poll_tagged(addr: Int64, tag: Int32, steps: int, *, loc=None, ip=None):
+    """Whole warp: spin until the 4 * steps (value, tag) pairs of every lane (addr: byte address
+    of the lane's first pair; 4 pairs per 128-byte step) carry `tag`, then return the values
+    (4 per step, bf16x2). 128-bit relaxed GPU-scope loads, each 64-bit element single-copy
+    atomic; the warp leaves the loop together (vote.all)."""
     _POLLS[0] += 1
     lab = f"TAGPOLL{_POLLS[0]}"
-    nv = 4 * steps * len(rows)
-    nq = nv  # one b64 register per pair
-    tin = nv + len(rows)  # operand index of the tag
-    lines = ["{", ".reg .pred ok, all;", f".reg .b64 q<{nq}>;", f".reg .b32 tg<{nv}>;", f"{lab}:"]
-    i = 0
-    for r in range(len(rows)):
-        for sk in range(steps):
-            for h in range(2):
-                lines.append(f"ld.relaxed.gpu.global.v2.b64 {{q{i}, q{i + 1}}}, [${nv + r}+{sk * 128 + h * 16}];")
-                i += 2
+    nv = 4 * steps  # one b64 register per pair
+    lines = ["{", ".reg .pred ok, all;", f".reg .b64 q<{nv}>;", f".reg .b32 tg<{nv}>;", f"{lab}:"]
+    for sk in range(steps):
+        for h in range(2):
+            i = 4 * sk + 2 * h
+            lines.append(f"ld.relaxed.gpu.global.v2.b64 {{q{i}, q{i + 1}}}, [${nv}+{sk * 128 + h * 16}];")
     for j in range(nv):
         lines.append(f"mov.b64 {{${j}, tg{j}}}, q{j};")
-    lines.append(f"setp.eq.u32 ok, tg0, ${tin};")
+    lines.append(f"setp.eq.u32 ok, tg0, ${nv + 1};")
     for j in range(1, nv):
-        lines.append(f"setp.eq.and.u32 ok, tg{j}, ${tin}, ok;")
+        lines.append(f"setp.eq.and.u32 ok, tg{j}, ${nv + 1}, ok;")
     lines += ["vote.sync.all.pred all, ok, 0xffffffff;", "@!all nanosleep.u32 32;",
               f"@!all bra {lab};", "}"]
     res = llvm.inline_asm(
         llvm.StructType.get_literal([T.i32()] * nv),
-        [Int64(a).ir_value(loc=loc, ip=ip) for a in rows] + [Int32(tag).ir_value(loc=loc, ip=ip)],
+        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(tag).ir_value(loc=loc, ip=ip)],
         "\n\t".join(lines),
-        ",".join(["=&r"] * nv + ["l"] * len(rows) + ["r"]),
+        ",".join(["=&r"] * nv + ["l", "r"]),
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -761,7 +757,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     ep = ld_relaxed_u32(ctr + Int64(4))
                     tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
                     row = _imin(g + 8 * warp, m_rows - 1)
-                    vals = poll_tagged([tb + Int64(row) * (KB * 4)], ep + 1, SB)
+                    vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
                     for j in cutlass.range_constexpr(NV1):
                         fs[(warp * 32 + lane) * NV1 + j] = vals[j]
             else:
