@@ -457,6 +457,9 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run26: polls split per (row half, K step): t2 at 64 registers -> 4 blocks/SM -> 4-5 us
     # slower (reverted); t1/wn2 (40 registers) fb1/fb2 +-ppf with tag: 23.4-25.8, not faster
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
+    # run29: K interleaved across the warps (ki: per iteration a block reads one contiguous
+    # 2 KB run of each weight row instead of 8 runs of 256 bytes; same register count)
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1}),
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)
@@ -467,11 +470,11 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
     # run27 timed t2/wk8 (62 registers: 4 blocks/SM fit) pinned to 3 blocks/SM with unused shared
     # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
     # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
-    (2, 8, 4, {}), (1, 4, 4, {}), (1, 8, 4, {"warps_n": 2})]
+    (2, 8, 4, {}), (2, 8, 4, {"ki": 1}), (1, 8, 4, {"warps_n": 2}), (1, 8, 4, {"warps_n": 2, "ki": 1})]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
     # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
     # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)
-    ({}, {}),
+    ({}, {}), ({"ki": 1}, {}),
 ]
 
 

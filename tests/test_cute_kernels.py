@@ -242,8 +242,9 @@ def test_fused_ptx(m):
     assert ec.default_fused_config(m, NP, 7168, NFA, NQ - 8).tag == 0, "not tile-aligned: counter"
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert ".local" not in ptx
-    # M <= 8: the producers bulk-prefetch their weight rows into L2 (ppf) before the wait
-    assert cfg.ppf == (1 if m <= 8 else 0)
+    # M <= 8: the producers bulk-prefetch their weight rows into L2 (ppf) before the wait,
+    # and the warps interleave their K steps (ki)
+    assert cfg.ppf == cfg.ki == (1 if m <= 8 else 0)
     if cfg.ppf:
         assert "cp.async.bulk.prefetch.L2.global" in ptx
         assert ptx.find("cp.async.bulk.prefetch") < waits[0]
@@ -518,6 +519,58 @@ def test_tiled_weight_layout():
         assert c.key().count("_wl1") == 1 and ".local" not in ptx
         assert "ld.global.nc.L1::no_allocate.L2::256B.v4.u32" in ptx
         assert ptx.find("ld.global.nc.L1::no_allocate") < ptx.find("griddepcontrol.wait")
+
+
+def test_k_interleave_covers_every_step_once():
+    """ki = 0: warp wk owns steps [wk*JW, (wk+1)*JW); ki = 1: iteration it of warp wk is steps
+    (it*WK + wk)*U .. +U, so per iteration the block's warps read one contiguous run. Both
+    orders must visit every 32-wide K step exactly once (the sum over K is order-free)."""
+    from executors.cute.kernels import _k_steps
+
+    for wk_n, u, steps in ((8, 4, 224), (4, 2, 224), (8, 1, 8), (1, 4, 4)):
+        jw = steps // wk_n
+        for ki in (0, 1):
+            seen = []
+            runs = set()
+            for it in range(jw // u):
+                run = []
+                for wk in range(wk_n):
+                    s0, step = _k_steps(wk, wk_n, u, jw, ki)
+                    run += [s0 + it * step + uu for uu in range(u)]
+                seen += run
+                runs.add(tuple(sorted(run)) == tuple(range(min(run), min(run) + wk_n * u)))
+            assert sorted(seen) == list(range(steps)), (wk_n, u, ki)
+            if ki:
+                assert runs == {True}, "ki: each iteration is one contiguous run across the warps"
+    assert "tensor-core" in ec.Config("split_n", m_tile=8, ki=1).check(8, 144, 7168)
+    assert "pf == 0" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, ki=1, pf=1).check(8, NP, 7168)
+    assert ec.Config("stream", m_tile=8, warps_k=8, unroll=4, ki=1).key().count("_ki") == 1
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+def test_gpu_k_interleave(m):
+    """ki = 1 off the defaults: stream (row-major and tiled weights) and fused at both m_tiles,
+    poisoned outputs, fp32 reference."""
+    import torch
+
+    x, wp, wb = _fused_inputs(m, 900 + m)
+    ref = x.float() @ wp.float().t()
+    mt = 8 if m <= 8 else 16
+    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for wl, w in ((0, wp), (1, ec.tile_weights(wp))):
+        out.fill_(float("nan"))
+        ec.skinny_gemm(x, w, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, ki=1, wl=wl))
+        torch.cuda.synchronize()
+        _check(out, ref, f"stream ki wl{wl} M={m}")
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out.fill_(float("nan"))
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ki=1, tag=1)
+    ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
+    torch.cuda.synchronize()
+    _check(out, ref, f"fused ki M={m}")
+    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused ki g1 M={m}")
 
 
 @pytest.mark.gpu

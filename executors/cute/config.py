@@ -59,6 +59,10 @@ class Config:
     # (8-row tile, 32-wide K step) is one 512-byte block in the order the warp's lanes load it,
     # so every warp streams whole contiguous blocks instead of 8 rows x 64 bytes
     wl: int = 0
+    # tensor-core kinds: K order across the warps_k warps. 0 = warp wk owns one contiguous K
+    # slice; 1 = interleaved: per iteration the block's warps read one contiguous run of
+    # warps_k * unroll * 64 bytes of every weight row (DRAM page locality; see _k_steps)
+    ki: int = 0
     # fused: producer blocks (the tiles holding f_a) bulk-prefetch ALL their weights into L2
     # at launch, so they finish early and F_B runs in the middle of the grid, not after it
     ppf: int = 0
@@ -75,6 +79,8 @@ class Config:
         s = ""
         if self.wl:
             s += f"_wl{self.wl}"
+        if self.ki:
+            s += "_ki"
         if self.minb:
             s += f"_mb{self.minb}"
         if self.carve >= 0:
@@ -148,6 +154,8 @@ class Config:
                 return f"K/(8*vec)={t} threads must be a multiple of 32 and <= 1024"
             if self.m_tile * self.rows > 64:
                 return "m_tile*rows > 64 accumulators"
+            if self.ki:
+                return "ki is a knob of the tensor-core kinds"
             return None
         if k % 32:
             return f"K={k} not a multiple of 32 (tensor-core kinds)"
@@ -162,6 +170,8 @@ class Config:
             return "pf must be >= 0"
         if self.wl not in (0, 1):
             return "wl must be 0 (row-major) or 1 (tiled)"
+        if self.ki not in (0, 1) or self.ki and self.pf:
+            return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
         knobs = (self.ppf, self.dbg, self.tag)
@@ -302,7 +312,8 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
     """Fused whole-step config (also returned for m > FUSED_MAX_M, where kda_fused_step
     uses the two-launch path unless this config is passed explicitly). With the f_a column
     a0 given and tile-aligned, consumers take f_a through tagged pairs (tag = 1; H200 run23 /
-    run24: 0.4 us faster at M = 8, equal at M = 1, 0.7-1.4 us faster at m_tile 16)."""
+    run24: 0.4 us faster at M = 8, equal at M = 1, 0.7-1.4 us faster at m_tile 16). For
+    M <= 8 the warps of a block interleave their K steps (ki = 1, run29)."""
     base = default_config(m, n, k)
     if base.kind != "stream":
         raise ValueError(f"no fused config for N={n} K={k} (kind {base.kind})")
@@ -316,7 +327,9 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
     fb = max(1, min(16 // base.warps_k, 4 // max(1, kb // 128)))
     while fb > 1 and fb * (kb // 32) > 16:
         fb //= 2
-    cfg = dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb, ppf=ppf)
+    # run29 (three sweeps): K interleaved across the warps 0.1 / 0.25 / 0.4 us faster at
+    # M = 1 / 4 / 8; not at m_tile 16 (mixed) and not for the stream kernel alone (0-0.3 slower)
+    cfg = dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb, ppf=ppf, ki=ppf)
     rows = 8 * cfg.tiles
     if a0 is not None and a0 % rows == 0 and kb % rows == 0:
         cfg = dataclasses.replace(cfg, tag=1)

@@ -330,9 +330,10 @@ def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL
     return out
 
 
-def _load_w(w_addr, it: int, U: int, R: int, w_step: int):
-    """Weight vectors of K iteration `it`: U steps x R n8 tiles (see _weight_addrs)."""
-    return [ld_weights_v4(w_addr[r] + Int64((it * U + u) * w_step)) for u in range(U) for r in range(R)]
+def _load_w(w_addr, it: int, U: int, R: int, w_step: int, IS: int):
+    """Weight vectors of K iteration `it` (IS steps after iteration it - 1): U steps x R n8
+    tiles (see _weight_addrs)."""
+    return [ld_weights_v4(w_addr[r] + Int64((it * IS + u) * w_step)) for u in range(U) for r in range(R)]
 
 
 def _x_addrs(x_base, sx, m_rows, g, koff):
@@ -341,30 +342,40 @@ def _x_addrs(x_base, sx, m_rows, g, koff):
             x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff)
 
 
-def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int):
+def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int, IS: int):
     """x vectors (rows g, g + 8; the second is zero for m_tile 8) of K iteration `it`."""
     regs = []
     for u in range(U):
-        off = Int64((it * U + u) * 64)
+        off = Int64((it * IS + u) * 64)
         xg = ld_act_v4(xg_addr + off)
         xh = ld_act_v4(xh_addr + off) if MT == 16 else [Int32(0)] * 4
         regs.append((xg, xh))
     return regs
 
 
+def _k_steps(wk, WK: int, U: int, JW: int, KI: int):
+    """(first 32-wide K step of warp wk, steps between its iterations). KI = 0: the warp
+    owns the contiguous K slice [wk * JW, (wk + 1) * JW). KI = 1: iteration it of warp wk
+    is steps (it * WK + wk) * U .. + U, so the WK warps of a block read one contiguous
+    WK * U * 64-byte run of every weight row per iteration instead of WK runs spread over it."""
+    if KI:
+        return wk * U, WK * U
+    return wk * JW, U
+
+
 def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
-                MT: int, R: int, U: int, NIT: int, PF: int):
+                MT: int, R: int, U: int, NIT: int, PF: int, IS: int):
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
     loaded while iteration it runs its mma.sync steps. Returns this lane's R accumulators."""
-    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT)
+    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS)
     acc = [[Float32(0.0)] * 4 for _ in range(R)]
     for it in range(NIT):
         if PF > 0 and it + PF < NIT:
             _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
         if it + 1 < NIT:
-            w_nxt = _load_w(w_addr, it + 1, U, R, w_step)
-            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT)
+            w_nxt = _load_w(w_addr, it + 1, U, R, w_step, IS)
+            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS)
         for u in range(U):
             xg, xh = x_cur[u]
             a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
@@ -391,6 +402,7 @@ def build_tc(cfg: Config, n: int, k: int):
     OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
     PDL = cfg.pdl
     PF = cfg.pf
+    KI = cfg.ki
     WL = cfg.wl
     W_STEP = 512 if WL else 64  # bytes between a lane's consecutive 32-wide K steps
     N = n
@@ -410,12 +422,13 @@ def build_tc(cfg: Config, n: int, k: int):
 
         w_base = mW.iterator.toint()
         # byte address of this lane's first weight vector in each n8 tile
-        w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
+        ks0, IS = _k_steps(wk, WK, U, JW, KI)
+        w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, ks0, R, N, K, WL)
 
         pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
         if cutlass.const_expr(PF > 0):
             _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
-        w_cur = _load_w(w_addr, 0, U, R, W_STEP)
+        w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
         if cutlass.const_expr(PDL):
             cute.arch.griddepcontrol_wait()
             # let the next kernel launch now: it prefetches its own weights and then
@@ -425,9 +438,9 @@ def build_tc(cfg: Config, n: int, k: int):
         m_rows = mX.shape[0]
         sx = mX.stride[0]
         x_base = mX.iterator.toint()
-        koff = Int64((wk * JW * 32 + t * 8) * 2)
+        koff = Int64((ks0 * 32 + t * 8) * 2)
         xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
-        acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF)
+        acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS)
 
         if cutlass.const_expr(WK == 1):
             for r in cutlass.range_constexpr(R):
@@ -599,6 +612,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     FP = cfg.fb_passes
     PDL = cfg.pdl
     PF = cfg.pf
+    KI = cfg.ki
     WL = cfg.wl
     W_STEP = 512 if WL else 64
     PPF = cfg.ppf
@@ -643,7 +657,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             blk0 = tile * (8 * R * WN)
             n_tile0 = blk0 + wn * (8 * R)
             w_base = mW.iterator.toint()
-            w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, wk * JW, R, N, K, WL)
+            ks0, IS = _k_steps(wk, WK, U, JW, KI)
+            w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, ks0, R, N, K, WL)
 
             pf_row = _prefetch_rows(w_base, n_tile0, lane, wk * JW * 32, R, N, K)
             if cutlass.const_expr(PF > 0):
@@ -651,7 +666,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PPF > 0):
                 if sb < P:
                     _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
-            w_cur = _load_w(w_addr, 0, U, R, W_STEP)
+            w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
                 cute.arch.griddepcontrol_launch_dependents()
@@ -662,9 +677,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
 
             sx = mX.stride[0]
             x_base = mX.iterator.toint()
-            koff = Int64((wk * JW * 32 + t * 8) * 2)
+            koff = Int64((ks0 * 32 + t * 8) * 2)
             xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
-            acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF)
+            acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS)
 
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
