@@ -460,6 +460,11 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run29: K interleaved across the warps (ki: per iteration a block reads one contiguous
     # 2 KB run of each weight row instead of 8 runs of 256 bytes; same register count)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1}),
+    # run30: 2 warps along N (x slices shared through L1) capped at 40 registers (minb 3) so that
+    # 3 blocks of 512 threads fit (61 registers uncapped: 2 blocks/SM; 64-72 bytes spill)
+    # (both 1.5-7 us slower: run30)
+    # run31: m_tile 16 with 3 / 6 consumer blocks (one wave: consumers resident from the start)
+    (2, 8, 4, 2, 4, {"ppf": 1, "tag": 1}), (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1}),
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)
@@ -470,11 +475,14 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
     # run27 timed t2/wk8 (62 registers: 4 blocks/SM fit) pinned to 3 blocks/SM with unused shared
     # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
     # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
-    (2, 8, 4, {}), (2, 8, 4, {"ki": 1}), (1, 8, 4, {"warps_n": 2}), (1, 8, 4, {"warps_n": 2, "ki": 1})]
+    (2, 8, 4, {}), (2, 8, 4, {"ki": 1}), (1, 8, 4, {"warps_n": 2}), (1, 8, 4, {"warps_n": 2, "ki": 1}),
+    # run30: m_tile 16 with 2 warps along N is 44 registers (2 blocks of 512 threads per SM); minb 3
+    # (1-2 us slower with 8 bytes of spills, run30)
+]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
     # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
     # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)
-    ({}, {}), ({"ki": 1}, {}),
+    ({}, {}), ({"ki": 1}, {}),  # run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
 ]
 
 

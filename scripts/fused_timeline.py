@@ -6,7 +6,7 @@ at its mid point (producers: before publishing f_a; consumers: when f_a is compl
 at its end, plus its SM id. Prints, per (M, config), when the stream / producer /
 consumer blocks of the last two steps start and end relative to the earlier step's first
 block, the step period, and how many blocks started late (a second wave). Usage:
-    python scripts/fused_timeline.py [--out DIR] [--precompile]
+    python scripts/fused_timeline.py [--out DIR] [--precompile] [--cases 0,3,...]
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
     # run23: consumers spin on tagged f_a pairs instead of a counter
     (1, dict(m_tile=8, ppf=1, tag=1)), (8, dict(m_tile=8, ppf=1, tag=1)), (16, dict(m_tile=16, tag=1)),
+    # run31 (session 5): K interleave (ki) at m_tile 8; why m_tile 16 has a long consumer tail
+    (8, dict(m_tile=8, ppf=1, tag=1, ki=1)), (16, dict(m_tile=16, ppf=1, tag=1)),
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1)), (12, dict(m_tile=16, ppf=1, tag=1, ki=1)),
+    (16, dict(m_tile=16, ppf=1, tag=1, fb_passes=4)),
 ]
 
 
@@ -121,18 +125,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fused_timeline"))
     ap.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU)")
+    ap.add_argument("--cases", default="", help="comma-separated indices into CASES (default: all)")
     args = ap.parse_args()
+    pick = {int(i) for i in args.cases.split(",") if i.strip()}
+    cases = [c for i, c in enumerate(configs()) if not pick or i in pick]
     if args.precompile:
-        for _, cfg in configs():
+        for _, cfg in cases:
             ec.get_fused_kernel(cfg, NP, H, NQ, NFB, NFA, arch="sm_90a")
-        print(f"precompiled {len(CASES)} dbg kernels into {ec.cache_dir()}")
+        print(f"precompiled {len(cases)} dbg kernels into {ec.cache_dir()}")
         return
     import torch
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res = []
-    for m, cfg in configs():
+    for m, cfg in cases:
         summ, us = run(m, cfg)
         res.append({"summary": summ, "blocks": us})
         print(json.dumps(summ), flush=True)
