@@ -36,6 +36,8 @@ CASES = [  # (M, extra config fields)
     (8, dict(m_tile=8, ppf=1, tag=1, ki=1)), (16, dict(m_tile=16, ppf=1, tag=1)),
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1)), (12, dict(m_tile=16, ppf=1, tag=1, ki=1)),
     (16, dict(m_tile=16, ppf=1, tag=1, fb_passes=4)),
+    # run32 timed cases 7, 8, 11 and those two with the epoch from fire-and-forget arrivals,
+    # which then replaced the counted last arrival (tag = 1 is that scheme from then on)
 ]
 
 

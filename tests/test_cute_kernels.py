@@ -8,6 +8,7 @@ input, strided output, and replay from a CUDA graph captured on a side stream.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -291,8 +292,9 @@ def test_publish_one_fence_per_block_ptx():
 def test_fused_tagged_handoff_ptx():
     """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, one warp
     per 8 rows of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
-    stages them in shared memory; no fence and no counter on the critical path; producers and consumers
-    count themselves in at the end and the last one advances the epoch."""
+    stages them in shared memory; no fence and no counter on the critical path; the epoch is
+    the 64-bit arrival word / EPOCH_SPAN, read after the PDL wait, and every producer and
+    consumer adds its share with one fire-and-forget red (no atomic round trip)."""
     from executors.cute.config import fused_tag_offset, fused_workspace_words
 
     c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, tag=1)
@@ -311,14 +313,28 @@ def test_fused_tagged_handoff_ptx():
         ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
         assert len(waits) == 2 and ptx.find("ld.global.nc") < waits[0]
-        epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u32", ptx)]
+        epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u64", ptx)]
         assert len(epochs) == 2 and waits[0] < epochs[0] and waits[1] < epochs[1]
+        arrivals = [i.start() for i in re.finditer(r"red\.relaxed\.gpu\.global\.add\.u64", ptx)]
+        assert len(arrivals) == 2 and epochs[0] < arrivals[0] and epochs[1] < arrivals[1]
         # one row per polling warp: 4 x 32-wide K steps x 2 vectors
         assert ptx.count("ld.relaxed.gpu.global.v2.b64") == 8
         assert ptx.count("st.relaxed.gpu.global.b64") == 1 and "cvt.rn.bf16x2.f32" in ptx
-        assert ptx.count("vote.sync.all.pred") == 1 and ptx.count("atom.relaxed.gpu") == 2
-        for absent in ("fence.acq_rel", "red.release", "ld.acquire", "ld.global.cg.v4.u32", ".local"):
+        assert ptx.count("vote.sync.all.pred") == 1
+        for absent in ("fence.acq_rel", "red.release", "ld.acquire", "atom.", "ld.global.cg.v4.u32", ".local"):
             assert absent not in ptx, absent
+
+
+def test_epoch_shares_sum_to_one_span():
+    """Whatever the number of arrivals, one launch adds exactly EPOCH_SPAN to the arrival word,
+    so launches of configs with different block counts can share a workspace."""
+    from executors.cute.config import EPOCH_SPAN, epoch_shares
+
+    for total in (1, 3, 14, 20, 24, 396, 65536):
+        base, rem = epoch_shares(total)
+        assert sum(base + (i < rem) for i in range(total)) == EPOCH_SPAN
+        # a block reads before its own arrival: the word stays below the next span
+        assert sum(base + (i < rem) for i in range(total - 1)) < EPOCH_SPAN
 
 
 def test_variant_knobs_compile():
@@ -467,6 +483,8 @@ def test_gpu_fused_tagged_handoff(m):
     tagged = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tag=1,
                        ppf=1 if mt == 8 else 0)
     plain = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2)
+    # 6 consumer blocks instead of 12: another arrival count on the same epoch word
+    fewer = dataclasses.replace(tagged, fb_passes=2, ppf=1, ki=1)
     x, wp, wb = _fused_inputs(m, 1200 + m)
     outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
              torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
@@ -480,7 +498,7 @@ def test_gpu_fused_tagged_handoff(m):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for cfg in (tagged, tagged, plain, tagged, plain, plain, tagged):
+        for cfg in (tagged, tagged, plain, tagged, fewer, plain, fewer, tagged, plain, tagged):
             for o, g in outs:
                 o.fill_(float("nan"))
                 g.fill_(float("nan"))

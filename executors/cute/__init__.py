@@ -27,9 +27,9 @@ bf16 in/out, fp32 accumulation. ``out`` may be a strided row view (row stride % 
 fa_col:fa_col+KB] run first and publish it through a global int32 counter; the last
 blocks of the grid compute g1 once the counter says f_a is complete (config ``tag = 1``:
 once the f_a values they spin on carry this launch's tag). The ``workspace`` (int32,
-``fused_workspace_words(config, ...)`` words, zeroed once: counter, launch epoch, diagnostics,
-tagged f_a) cleans up after itself at the end of every launch, so CUDA-graph replays need no
-memset; by default one workspace per (device, stream) is kept here. Two launches that share
+``fused_workspace_words(config, ...)`` words, zeroed once: counter, the tag epoch's arrival
+word, diagnostics, tagged f_a) needs no reset between launches (the counter resets itself, the
+arrival word only grows), so CUDA-graph replays need no memset; by default one workspace per (device, stream) is kept here. Two launches that share
 a workspace must not run concurrently (same stream is fine).
 For M > FUSED_MAX_M (8) and no explicit ``config``, ``kda_fused_step`` computes the same
 outputs with TWO launches (``skinny_gemm`` over the packed weight, then F_B on the f_a view

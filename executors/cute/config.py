@@ -283,16 +283,25 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
     return None
 
 
+EPOCH_SPAN = 1 << 16  # tag = 1: every launch adds exactly this much to the arrival word
+
+
+def epoch_shares(total: int) -> tuple[int, int]:
+    """(base, rem): arrival i of `total` adds base + (i < rem), so one launch adds EPOCH_SPAN."""
+    return divmod(EPOCH_SPAN, int(total))
+
+
 def fused_tag_offset(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int:
     """Byte offset of the tagged f_a pairs (tag = 1) in the fused workspace: after the
-    counter, the launch epoch and the dbg records (32 bytes per block from byte 16)."""
+    counter (byte 0), the 64-bit arrival word of the tag epoch (byte 8) and the dbg records
+    (32 bytes per block from byte 16)."""
     t_all, _, _, c = fused_grid(cfg, n, a0, kb, nb)
     return (16 + 32 * (t_all + c) + 255) // 256 * 256
 
 
 def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int:
-    """int32 words of the fused kernel's workspace: word 0 counter, word 1 launch epoch,
-    dbg records, then (tag = 1) m_tile x kb/2 pairs of (bf16x2, tag) words."""
+    """int32 words of the fused kernel's workspace: word 0 counter, words 2-3 the tag
+    epoch's arrival word, dbg records, then (tag = 1) m_tile x kb/2 pairs of (bf16x2, tag) words."""
     words = fused_tag_offset(cfg, n, a0, kb, nb) // 4
     if cfg.tag:
         words += cfg.m_tile * kb

@@ -18,7 +18,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .config import Config
+from .config import EPOCH_SPAN, Config, epoch_shares
 
 try:  # 4.8 spelling
     from cutlass.memory import SmemAllocator as _SmemAllocator
@@ -128,14 +128,6 @@ def pack_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_relaxed_u32(addr: Int64, *, loc=None, ip=None):
-    """Strong (relaxed, GPU scope) 32-bit load: sees the value other blocks wrote last."""
-    return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-                                 "ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", has_side_effects=True,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
 def st_tagged(addr: Int64, val: Int32, tag: Int32, *, loc=None, ip=None):
     """One single-copy-atomic 64-bit store of (val, tag): a reader that sees the tag sees val."""
     llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip),
@@ -183,22 +175,30 @@ def poll_tagged(addr: Int64, tag: Int32, steps: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def arrive_advance(addr: Int64, total: Int32, epoch: Int32, *, loc=None, ip=None):
-    """Count this block in at the counter *addr; the arrival that completes `total` resets
-    the counter and advances the launch epoch at addr + 4 (read by the next launch only)."""
+def ld_epoch(addr: Int64, *, loc=None, ip=None):
+    """tag = 1: this launch's epoch, the 64-bit arrival word / EPOCH_SPAN. Every launch adds
+    exactly EPOCH_SPAN, and a block reads the word after the PDL wait (all earlier launches'
+    arrivals are in) and before its own arrival (not all of this launch's are), so every
+    block of a launch sees the same epoch, whatever mix of configs shares the workspace."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .u64 c;\n\tld.relaxed.gpu.global.u64 c, [$1];\n\t"
+        f"shr.u64 c, c, {EPOCH_SPAN.bit_length() - 1};\n\tcvt.u32.u64 $0, c;\n\t}}",
+        "=r,l", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def red_epoch(addr: Int64, idx: Int32, total: int, *, loc=None, ip=None):
+    """tag = 1: arrival `idx` of `total` adds its share of EPOCH_SPAN to the arrival word, fire
+    and forget: no atomic round trip before the last blocks of the step can retire (H200
+    run32: 0.5-2 us per step at m_tile 16 against a counted last arrival)."""
+    base, rem = epoch_shares(total)
     llvm.inline_asm(
-        None,
-        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(total).ir_value(loc=loc, ip=ip),
-         Int32(epoch).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .u32 o, tm1, e1;\n\t.reg .pred p;\n\t"
-        "add.u32 e1, $2, 1;\n\t" + _arrive_ptx("$1") +
-        "@p st.relaxed.gpu.global.u32 [$0+4], e1;\n\t"
-        "}",
-        "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+        None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .u32 w;\n\t.reg .u64 w64;\n\t.reg .pred p;\n\t"
+        f"setp.lt.u32 p, $1, {rem};\n\tselp.u32 w, {base + 1}, {base}, p;\n\t"
+        "cvt.u64.u32 w64, w;\n\tred.relaxed.gpu.global.add.u64 [$0], w64;\n\t}",
+        "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @dsl_user_op
@@ -580,10 +580,12 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     Knob ``tag`` (the default when f_a is tile-aligned): the producers also store f_a as
     64-bit (bf16x2, epoch + 1) pairs in the workspace and one warp per 8 rows of every
     consumer spins on those pairs themselves, so no fence, no counter round trip and no reload of f_a sit
-    between the last producer and F_B (H200 run23/run24: 0.4 us per step at M = 8); the
-    epoch (workspace word 1) is read after the PDL wait and advanced by the last of the
-    P + C arrivals, so the next launch (which starts reading it only after this grid has
-    completed) tags with the next value and stale pairs never match.
+    between the last producer and F_B (H200 run23/run24: 0.4 us per step at M = 8). The
+    epoch is the 64-bit arrival word at workspace byte 8 over EPOCH_SPAN, read after the
+    PDL wait; each of the P + C blocks adds its share of EPOCH_SPAN with a fire-and-forget
+    red at its end (run32; an atomic whose last arrival bumped an epoch word kept the last
+    blocks alive for a round trip), so the next launch tags with the next value and stale
+    pairs never match.
     Knob ``ppf``: the producers bulk-prefetch all their weight rows into L2 at launch (H200
     run12/13: 0.2-0.5 us per step faster at M <= 8; a graph-replay timeline shows the
     producers still finish near the end, so F_B stays a 1-2 us tail). ``dbg`` stamps
@@ -672,8 +674,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 cute.arch.griddepcontrol_launch_dependents()
             ep = Int32(0)
             if cutlass.const_expr(TAG):
-                if sb < P:  # this launch's epoch (the previous launch advanced it)
-                    ep = ld_relaxed_u32(ctr + Int64(4))
+                if sb < P:  # this launch's epoch (earlier launches advanced it)
+                    ep = ld_epoch(ctr + Int64(8))
 
             sx = mX.stride[0]
             x_base = mX.iterator.toint()
@@ -722,7 +724,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                                 st_tagged(pa, pack_bf16x2(s0, s1), ep + 1)
                     cute.arch.sync_threads()  # every thread's epoch read before the arrival
                     if tid == 0:
-                        arrive_advance(ctr, Int32(TOTAL), ep)
+                        red_epoch(ctr + Int64(8), sb, TOTAL)
                 else:
                     cute.arch.sync_threads()
                     if tid == 0:
@@ -769,7 +771,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 # kernels (t2/wk8) use 78 registers, 3 blocks/SM; a poll per (row, K step)
                 # brought them to 64, 4 blocks/SM fit and the step got 4-5 us slower (run26)
                 if warp < MT // 8:
-                    ep = ld_relaxed_u32(ctr + Int64(4))
+                    ep = ld_epoch(ctr + Int64(8))
                     tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
                     row = _imin(g + 8 * warp, m_rows - 1)
                     vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
@@ -816,8 +818,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                                 if col < NB:
                                     mG[m, col] = acc[r][2 * h + e].to(BFloat16)
             if cutlass.const_expr(TAG):
-                if tid == 0:  # off the critical path: the epoch matters to the next launch only
-                    arrive_advance(ctr, Int32(TOTAL), ep)
+                if tid == 0:  # the epoch matters to the next launch only
+                    red_epoch(ctr + Int64(8), Int32(P) + cb, TOTAL)
             if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
