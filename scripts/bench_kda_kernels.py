@@ -730,9 +730,10 @@ def main():
     for m in ms:
         p = Problem(m)
         cq, cab, cb, cp = pick("qkvg", m), pick("fab", m), pick("fb", m), pick("packed", m)
-        # (f) = kda_fused_step as shipped (one fused kernel for M <= FUSED_MAX_M, the
-        # two-launch path above), with the fused sweep's pick forced for M <= 8
-        cf = fused_best.get(8) if m <= ec.FUSED_MAX_M else None
+        # (f) = kda_fused_step as shipped (one fused kernel wherever fused_is_default, else
+        # the two-launch path), with the fused sweep's pick forced for M <= 8
+        shipped = ec.fused_is_default(ec.default_fused_config(m, NP, H, NFA, NQ), m)
+        cf = fused_best.get(8) if m <= 8 else None
         fns = {
             "a_seq_torch": p.seq_torch,
             "b_2s_torch": p.two_torch,
@@ -758,7 +759,7 @@ def main():
                "f_vs_a": round(t["a_seq_torch"] / t["f_fused_cute"], 3),
                "f_vs_b": round(t["b_2s_torch"] / t["f_fused_cute"], 3),
                "configs": {"qkvg": cq.key(), "fab": cab.key(), "fb": cb.key(), "packed": cp.key(),
-                           "fused": cf.key() if cf else ("fused default" if m <= ec.FUSED_MAX_M
+                           "fused": cf.key() if cf else ("fused default" if shipped
                                                          else "two-launch fallback")}}
         rows.append(row)
         log(f"M={m:2d} a {t['a_seq_torch']:6.2f} b {t['b_2s_torch']:6.2f} c {t['c_2s_cute']:6.2f} "

@@ -243,9 +243,13 @@ def test_fused_ptx(m):
     assert ec.default_fused_config(m, NP, 7168, NFA, NQ - 8).tag == 0, "not tile-aligned: counter"
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert ".local" not in ptx
-    # M <= 8: the producers bulk-prefetch their weight rows into L2 (ppf) before the wait,
-    # and the warps interleave their K steps (ki)
-    assert cfg.ppf == cfg.ki == (1 if m <= 8 else 0)
+    # the producers bulk-prefetch their weight rows into L2 (ppf) before the wait, and the
+    # warps interleave their K steps (ki); without tag only at m_tile 8
+    assert cfg.ppf == cfg.ki == 1
+    untagged = ec.default_fused_config(m, NP, 7168, NFA, NQ - 8)
+    assert untagged.ppf == untagged.ki == (1 if m <= 8 else 0)
+    # dispatch: the tagged kernel at every M, the counter one up to FUSED_MAX_M, else two launches
+    assert ec.fused_is_default(cfg, m) and ec.fused_is_default(untagged, m) == (m <= ec.FUSED_MAX_M)
     if cfg.ppf:
         assert "cp.async.bulk.prefetch.L2.global" in ptx
         assert ptx.find("cp.async.bulk.prefetch") < waits[0]
@@ -375,17 +379,19 @@ def test_gpu_fused_step(m):
     big = torch.full((m, NP + 24), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, 16:16 + NP]
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    # default dispatch (one fused kernel for M <= FUSED_MAX_M, two launches above), then
-    # the fused kernel forced for every M; repeated launches: the counter resets itself
-    forced = ec.default_fused_config(m, NP, 7168, NFA, NQ)
-    for cfg in (None, None, forced, forced, forced):
-        out.fill_(float("nan"))
-        g1.fill_(float("nan"))
-        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
-        torch.cuda.synchronize()
-        ref = x.float() @ wp.float().t()
-        _check(out, ref, f"fused out M={m}")
-        _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused g1 M={m}")
+    # default dispatch (the tagged fused kernel at every M for the tile-aligned f_a; at NQ - 8
+    # the counter-handoff kernel for M <= FUSED_MAX_M, two launches above), then the default
+    # fused config forced; repeated launches: the counter resets itself
+    ref = x.float() @ wp.float().t()
+    for a0 in (NQ, NQ - 8):
+        forced = ec.default_fused_config(m, NP, 7168, NFA, a0)
+        for cfg in (None, None, forced, forced, forced):
+            out.fill_(float("nan"))
+            g1.fill_(float("nan"))
+            ec.kda_fused_step(x, wp, wb, out, g1, fa_col=a0, config=cfg)
+            torch.cuda.synchronize()
+            _check(out, ref, f"fused out M={m} a0={a0}")
+            _check(g1, ref[:, a0:a0 + NFA] @ wb.float().t(), f"fused g1 M={m} a0={a0}")
     assert torch.isnan(big[:, :16].float()).all() and torch.isnan(big[:, 16 + NP:].float()).all()
 
 

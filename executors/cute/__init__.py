@@ -31,10 +31,11 @@ once the f_a values they spin on carry this launch's tag). The ``workspace`` (in
 word, diagnostics, tagged f_a) needs no reset between launches (the counter resets itself, the
 arrival word only grows), so CUDA-graph replays need no memset; by default one workspace per (device, stream) is kept here. Two launches that share
 a workspace must not run concurrently (same stream is fine).
-For M > FUSED_MAX_M (8) and no explicit ``config``, ``kda_fused_step`` computes the same
-outputs with TWO launches (``skinny_gemm`` over the packed weight, then F_B on the f_a view
-of ``out``, PDL-chained): the single fused kernel with m_tile 16 measured 2-3 us slower on
-the H200. ``workspace`` is unused on that path.
+When f_a's columns are not tile-aligned (no tagged handoff), M > FUSED_MAX_M (8) and no
+explicit ``config``, ``kda_fused_step`` computes the same outputs with TWO launches
+(``skinny_gemm`` over the packed weight, then F_B on the f_a view of ``out``, PDL-chained):
+the counter-handoff fused kernel with m_tile 16 measured 2-3 us slower on the H200
+(``fused_is_default``). ``workspace`` is unused on that path.
 Split views for the caller: q|k|v|g = out[:, :6144], f_a = out[:, 6144:6272],
 beta = out[:, 6272:6288].
 
@@ -63,6 +64,7 @@ from .config import (
     configs_for,
     default_config,
     default_fused_config,
+    fused_is_default,
     fused_workspace_words,
     kind_for,
 )
@@ -86,6 +88,7 @@ __all__ = [
     "compile_fused_for_arch",
     "get_fused_kernel",
     "FUSED_MAX_M",
+    "fused_is_default",
     "tile_weights",
 ]
 
@@ -431,11 +434,11 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
     for name, t in (("x", x), ("w_packed", w_packed), ("w_fb", w_fb), ("out", out)):
         if t.data_ptr() % 16:
             raise ValueError(f"{name} must be 16-byte aligned")
-    if config is None and m > FUSED_MAX_M:
+    cfg = config if config is not None else default_fused_config(m, n, k, kb, fa_col)
+    if config is None and not fused_is_default(cfg, m):
         skinny_gemm(x, w_packed, out)
         skinny_gemm(out[:, fa_col:fa_col + kb], w_fb, g1)
         return out, g1
-    cfg = config if config is not None else default_fused_config(m, n, k, kb, fa_col)
     why = check_fused(cfg, m, n, k, fa_col, nb, kb)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run this step: {why}")

@@ -308,39 +308,48 @@ def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int
     return words
 
 
-# The single fused kernel is used up to this M; above it (m_tile 16) the H200 run of
-# 2026-11-30 (results/kda_kernels/2026-11-30_h200_run5_fused.*) measured it 2-3 us SLOWER
-# than the two-launch path (packed stream kernel + F_B kernel, PDL chained), so
-# kda_fused_step falls back to that path there. run8 tested whether the 405-block grid not
-# fitting one wave (3 blocks/SM x 132 = 396) was the cause: with fb_passes = 4 (3 consumer
-# blocks, grid exactly 396) the kernel got SLOWER still (run8), so it is not.
+# Without the tagged handoff (f_a columns not tile-aligned: counter handoff) the single fused
+# kernel is used up to this M only: above it (m_tile 16) the H200 runs of 2026-11-30 (run5,
+# run8) measured it 2-3 us SLOWER than two launches (packed stream kernel + F_B kernel, PDL
+# chained), and kda_fused_step takes those. With the tagged handoff, fire-and-forget arrivals
+# and the producer prefetch, the m_tile-16 fused kernel is 0.5-1.1 us faster than two launches
+# at M = 9..15 and equal at 16 (run33), so it is used at every M.
 FUSED_MAX_M = 8
 
 
+def fused_is_default(cfg: Config, m: int) -> bool:
+    """Whether kda_fused_step runs the default fused config `cfg` at M = m (else two launches)."""
+    return m <= FUSED_MAX_M or cfg.tag == 1
+
+
 def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None = None) -> Config:
-    """Fused whole-step config (also returned for m > FUSED_MAX_M, where kda_fused_step
-    uses the two-launch path unless this config is passed explicitly). With the f_a column
-    a0 given and tile-aligned, consumers take f_a through tagged pairs (tag = 1; H200 run23 /
-    run24: 0.4 us faster at M = 8, equal at M = 1, 0.7-1.4 us faster at m_tile 16). For
-    M <= 8 the warps of a block interleave their K steps (ki = 1, run29)."""
+    """Fused whole-step config. With the f_a column a0 given and tile-aligned, consumers take
+    f_a through tagged pairs (tag = 1; H200 run23/run24/run32/run33: 0.4 us faster at M = 8,
+    equal at M = 1, 2-3 us faster at m_tile 16) and the producers prefetch their weights into
+    L2 (ppf); the warps of a block interleave their K steps (ki, run29). Without tag, M >
+    FUSED_MAX_M gets this config only when passed explicitly (see fused_is_default)."""
     base = default_config(m, n, k)
     if base.kind != "stream":
         raise ValueError(f"no fused config for N={n} K={k} (kind {base.kind})")
-    ppf = 0
+    rows_ok = False
     if m <= 8:  # H200 fused sweep 2026-11-30 run5 at M=8: t2/wk8/u4 best (24.40 us/step)
         base = Config(kind="stream", m_tile=8, tiles=2, warps_k=8, unroll=4)
         if base.check(m, n, k) is not None:
             base = default_config(m, n, k)
-        else:  # run12a/12b/13b: producer L2 prefetch 0.2-0.5 us faster at M = 1, 4, 8
-            ppf = 1
+        else:
+            rows_ok = True
     fb = max(1, min(16 // base.warps_k, 4 // max(1, kb // 128)))
     while fb > 1 and fb * (kb // 32) > 16:
         fb //= 2
-    # run29 (three sweeps): K interleaved across the warps 0.1 / 0.25 / 0.4 us faster at
-    # M = 1 / 4 / 8; not at m_tile 16 (mixed) and not for the stream kernel alone (0-0.3 slower)
-    cfg = dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb, ppf=ppf, ki=ppf)
+    cfg = dataclasses.replace(base, kind="fused", warps_n=1, fb_tiles=fb)
     rows = 8 * cfg.tiles
-    if a0 is not None and a0 % rows == 0 and kb % rows == 0:
+    tag = a0 is not None and a0 % rows == 0 and kb % rows == 0
+    # run12/13: producer L2 prefetch 0.2-0.5 us faster at M = 1, 4, 8; run29 (three sweeps): K
+    # interleaved across the warps 0.1 / 0.25 / 0.4 us faster at M = 1 / 4 / 8; run33: both
+    # with tag at m_tile 16 (ki -0.1..+0.1 there; without ppf the m_tile-16 kernel is 3 us slower)
+    if rows_ok or tag and cfg.m_tile == 16:
+        cfg = dataclasses.replace(cfg, ppf=1, ki=1)
+    if tag:
         cfg = dataclasses.replace(cfg, tag=1)
     return cfg
 
