@@ -222,9 +222,12 @@ def test_fused_supports_and_configs():
 
     t_all, t0, p, c = fused_grid(ec.default_fused_config(4, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
     assert (t_all, t0, p, c) == (393, 384, 8, 12)
+    # M = 9..15: 6 consumer blocks with two passes each; M = 16: 12 (run34/run35)
+    assert [fused_grid(ec.default_fused_config(m, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)[3]
+            for m in (8, 9, 15, 16)] == [12, 6, 6, 12]
 
 
-@pytest.mark.parametrize("m", [4, 16])
+@pytest.mark.parametrize("m", [4, 12, 16])
 def test_fused_ptx(m):
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
