@@ -29,8 +29,9 @@ blocks of the grid compute g1 once the counter says f_a is complete (config ``ta
 once the f_a values they spin on carry this launch's tag). The ``workspace`` (int32,
 ``fused_workspace_words(config, ...)`` words, zeroed once: counter, the tag epoch's arrival
 word, diagnostics, tagged f_a) needs no reset between launches (the counter resets itself, the
-arrival word only grows), so CUDA-graph replays need no memset; by default one workspace per (device, stream) is kept here. Two launches that share
-a workspace must not run concurrently (same stream is fine).
+arrival word only grows), so CUDA-graph replays need no memset; by default one workspace per
+(device, stream) is kept here. Two launches that share a workspace must not run concurrently
+(same stream is fine).
 When f_a's columns are not tile-aligned (no tagged handoff), M > FUSED_MAX_M (8) and no
 explicit ``config``, ``kda_fused_step`` computes the same outputs with TWO launches
 (``skinny_gemm`` over the packed weight, then F_B on the f_a view of ``out``, PDL-chained):

@@ -23,6 +23,7 @@ for both operands so every weight load is one contiguous 16-byte vector.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 
@@ -322,6 +323,7 @@ def fused_is_default(cfg: Config, m: int) -> bool:
     return m <= FUSED_MAX_M or cfg.tag == 1
 
 
+@functools.lru_cache(maxsize=512)  # kda_fused_step asks on every eager call; Config is frozen
 def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None = None) -> Config:
     """Fused whole-step config. With the f_a column a0 given and tile-aligned, consumers take
     f_a through tagged pairs (tag = 1; H200 run23/run24/run32/run33: 0.4 us faster at M = 8,
