@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executors.tune import ForcedGate, capture_steps, load_tuning, tuned_executor  # noqa: E402
+from executors.tune import ForcedGate, capture_steps, load_tuning, time_graphs, tuned_executor  # noqa: E402
 from planner.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 from scripts.bench_kda_step import KDA, NSETS, REGION, Problem, Shapes  # noqa: E402
@@ -50,6 +50,9 @@ def main() -> int:
     ap.add_argument("--tuning")
     ap.add_argument("--ms", default="4,9")
     ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--time", type=int, default=0, metavar="TRIALS",
+                    help="also time the paths (time_graphs, 20 steps) plus `kernel_alloc` (outputs "
+                         "allocated in every call, as the gemm-chain step does) over TRIALS trials")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("graph_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -87,6 +90,14 @@ def main() -> int:
                 print(f"    {c:3d} x {n:60s} median {sorted(us)[len(us) // 2]:.2f} us")
             del g
         print(f"M={m} variants: {exs[0].last_variants}  backends: {dict(exs[0].backends)}", flush=True)
+        if a.time:
+            def kernel_alloc(i, p=p, m=m):
+                j = i % NSETS
+                o = torch.empty(m, shp.NP, device=dev, dtype=torch.bfloat16)
+                g1 = torch.empty(m, shp.hc, device=dev, dtype=torch.bfloat16)
+                return cute.kda_fused_step(p.x, p.wp[j], p.wfb[j], o, g1, fa_col=shp.NQ)
+            t = time_graphs({**fns, "kernel_alloc": kernel_alloc}, iters=20, trials=a.time, nsets=NSETS)
+            print(f"M={m} us/step over {a.time} trials: " + "  ".join(f"{k} {v:.2f}" for k, v in t.items()), flush=True)
     return 0
 
 
