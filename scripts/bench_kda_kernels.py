@@ -471,9 +471,6 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {"tag": 1}),
     # run34: 6 consumer blocks (grid 399: 3 blocks past one wave instead of 9) with the new epoch
     (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
-    # run36: the producers also prefetch W_FB into L2 (wbpf), for the consumers that start late
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "wbpf": 1}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "wbpf": 1}),
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)

@@ -366,13 +366,6 @@ def test_variant_knobs_compile():
     ptx = ec.compile_fused_for_arch(w, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
     assert ".maxntid 512" in ptx or "512, 1, 1" in ptx or ".reqntid 512" in ptx
     assert ".local" not in ptx
-    # wbpf (run36): the producers also bulk-prefetch their share of W_FB into L2, before the wait
-    b = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, tag=1, wbpf=1)
-    assert ec.check_fused(b, 8, NP, 7168, NQ, NFB, NFA) is None and "_ppf_wbpf_tag_" in b.key()
-    assert "wbpf" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, wbpf=1).check(8, NP, 7168)
-    ptx = ec.compile_fused_for_arch(b, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
-    pfs = [i.start() for i in re.finditer(r"cp\.async\.bulk\.prefetch\.L2", ptx)]
-    assert len(pfs) == 2 and pfs[-1] < ptx.find("griddepcontrol.wait") and ".local" not in ptx
     s = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, minb=3, carve=0)
     ptx = ec.compile_for_arch(s, NP, 7168, arch="sm_90a")
     assert re.search(r"\.minnctapersm\s+3", ptx) and "griddepcontrol.wait" in ptx

@@ -67,9 +67,6 @@ class Config:
     # fused: producer blocks (the tiles holding f_a) bulk-prefetch ALL their weights into L2
     # at launch, so they finish early and F_B runs in the middle of the grid, not after it
     ppf: int = 0
-    # fused: the producer blocks also bulk-prefetch the F_B weight (1/P of its rows each) into
-    # L2 at launch, so consumer blocks that start late load it from L2, not HBM
-    wbpf: int = 0
     # fused: how f_a reaches the consumers. 0 = producers store it to out, fence and bump a
     # counter; consumers spin on the counter, then load f_a. 1 = producers also store f_a as
     # (bf16x2, launch tag) 64-bit pairs into the workspace and consumers spin on the data
@@ -95,8 +92,6 @@ class Config:
             s += f"_fp{self.fb_passes}"
         if self.ppf:
             s += "_ppf"
-        if self.wbpf:
-            s += "_wbpf"
         if self.tag:
             s += "_tag"
         if self.dbg:
@@ -180,9 +175,9 @@ class Config:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.tag, self.wbpf)
+        knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, wbpf, tag and dbg are 0/1 knobs of the fused kind"
+            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
         return None
 
 

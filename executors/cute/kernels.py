@@ -618,8 +618,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     WL = cfg.wl
     W_STEP = 512 if WL else 64
     PPF = cfg.ppf
-    WBPF = cfg.wbpf
-    RP = -(-nb // max(1, P))  # W_FB rows per producer (wbpf)
     TAG = cfg.tag
     DBG = cfg.dbg
     N = n
@@ -670,13 +668,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PPF > 0):
                 if sb < P:
                     _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
-            if cutlass.const_expr(WBPF > 0):
-                if sb < P:  # producer p prefetches rows [p*RP, (p+1)*RP) of W_FB into L2
-                    r0 = _imin(sb * RP, NB)
-                    nrw = _imin(sb * RP + RP, NB) - r0
-                    if nrw > 0:
-                        prefetch_l2_bulk(mWB.iterator.toint() + Int64(r0) * (KB * 2),
-                                         Int32(nrw * (KB * 2)), tid, 1)
             w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
                 cute.arch.griddepcontrol_wait()
