@@ -471,6 +471,8 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {"tag": 1}),
     # run34: 6 consumer blocks (grid 399: 3 blocks past one wave instead of 9) with the new epoch
     (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
+    # run36: the producers also prefetching W_FB into L2 (knob wbpf, code at commit 48505c6, removed
+    # again): 0.1-0.3 us slower at m_tile 8, 1-2.6 us slower at m_tile 16 (two sweeps)
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
     # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
     # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)
