@@ -220,11 +220,11 @@ def test_fused_supports_and_configs():
     assert ec.supports_fused(4, NP, 7168, NQ, NFB, NFA, "bfloat16", 7168, NP + 4) is not None
     from executors.cute.config import fused_grid
 
-    t_all, t0, p, c = fused_grid(ec.default_fused_config(4, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
+    t_all, t0, p, c = fused_grid(ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
     assert (t_all, t0, p, c) == (393, 384, 8, 12)
-    # M = 9..15: 6 consumer blocks with two passes each; M = 16: 12 (run34/run35)
+    # M <= 4 and 9..15: 6 consumer blocks with two passes each; else 12 (run34-run37)
     assert [fused_grid(ec.default_fused_config(m, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)[3]
-            for m in (8, 9, 15, 16)] == [12, 6, 6, 12]
+            for m in (1, 4, 5, 8, 9, 15, 16)] == [6, 6, 12, 12, 6, 6, 12]
 
 
 @pytest.mark.parametrize("m", [4, 12, 16])
