@@ -356,9 +356,9 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
         if cfg.m_tile == 16 and m < 16 or m <= 4:
             # run34/run35 (three sweeps): 6 consumer blocks with two passes each (grid 399: 3
             # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15, 0-0.2 slower
-            # at 16; at m_tile 8 0.15-0.27 us faster at M = 1 (run34/run36, three sweeps) and
-            # 0.13 at 4, equal at 5, 0.4-0.8 slower at 8 (F_B's second pass is on the critical
-            # path only when the step is not bound by the streaming alone)
+            # at 16; at m_tile 8 0.12-0.38 us faster at M = 1..4 (run34/run36/run37, four
+            # sweeps at M = 1), equal at 5, 0.4-0.8 slower at 8 (F_B's second pass is on the
+            # critical path only when the step is not bound by the streaming alone)
             cfg = dataclasses.replace(cfg, fb_passes=2)
     return cfg
 
