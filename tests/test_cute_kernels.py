@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -622,3 +623,17 @@ def test_gpu_tiled_weights(m):
     torch.cuda.synchronize()
     _check(out, ref, f"fused wl1 M={m}")
     _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused wl1 g1 M={m}")
+
+
+def test_kernel_cache_key_ignores_comments(tmp_path):
+    """The disk-cache key hashes the kernel sources without comments and blank lines: a comment
+    edit keeps the cached kernels, a code edit (even one constant, or a '#' inside a string) does not."""
+    a, b, c, d = (tmp_path / n for n in ("a.py", "b.py", "c.py", "d.py"))
+    a.write_text("X = 1  # one\n\n\ndef f(y):\n    return y + X\n")
+    b.write_text("# header\nX = 1\n\ndef f(y):  # why\n    return y + X   \n")
+    c.write_text("X = 2\n\n\ndef f(y):\n    return y + X\n")
+    d.write_text("X = 1\n\n\ndef f(y):\n    return y + X  # \nS = '# not a comment'\n")
+    assert ec.code_hash([a]) == ec.code_hash([b]) != ec.code_hash([c])
+    assert ec.code_hash([d]) != ec.code_hash([a])
+    assert ec._source_hash() == ec.code_hash(
+        Path(ec.__file__).parent / n for n in ("kernels.py", "config.py"))

@@ -49,10 +49,13 @@ CUDA-graph capture work) with programmatic dependent launch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import os
 import tempfile
 import threading
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -180,12 +183,28 @@ def _cutlass_version() -> str:
         return "unknown"
 
 
-def _source_hash() -> str:
+def code_hash(paths) -> str:
+    """Hash of these Python files with comments, trailing blanks and empty lines removed, so a
+    comment edit keeps the disk-cached kernels valid. Comments are found by tokenize, whose
+    COMMENT tokens are the same on every Python version (ast.dump is not: 3.12 added fields,
+    and the kernels are precompiled on one Python and loaded on another)."""
     h = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in ("kernels.py", "config.py"):
-        h.update((here / name).read_bytes())
+    for path in paths:
+        src = Path(path).read_text()
+        lines = src.splitlines()
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.COMMENT:
+                row, col = tok.start
+                lines[row - 1] = lines[row - 1][:col]
+        h.update("\n".join(ln.rstrip() for ln in lines if ln.strip()).encode())
     return h.hexdigest()[:12]
+
+
+@functools.cache
+def _source_hash(names: tuple[str, ...] = ("kernels.py", "config.py")) -> str:
+    """code_hash of the files in this package the kernels are built from (part of every
+    disk-cache key)."""
+    return code_hash(Path(__file__).parent / name for name in names)
 
 
 def _device_arch() -> str:

@@ -26,7 +26,6 @@ CUDA-graph capture work) and cached in process and on disk next to the GEMM kern
 
 import hashlib
 import threading
-from pathlib import Path
 
 __all__ = ["supports_add", "strided_add", "add_config", "compile_add_for_arch", "get_add_kernel"]
 
@@ -171,12 +170,9 @@ def _compile_tvm_ffi(threads: int, vec: int, extra_options: str = ""):
 
 
 def _tag(threads: int, vec: int, arch: str) -> tuple[str, str]:
-    from . import _cutlass_version
+    from . import _cutlass_version, _source_hash
 
-    h = hashlib.sha256()
-    for f in (Path(__file__), Path(__file__).with_name("kernels.py")):  # ld_act_v4 lives there
-        h.update(f.read_bytes())
-    src = h.hexdigest()[:12]
+    src = _source_hash(("elementwise.py", "kernels.py"))  # ld_act_v4 lives in kernels.py
     tag = f"add_t{threads}_v{vec}_{arch}_{_cutlass_version()}_{src}"
     return "stradd_" + hashlib.sha256(tag.encode()).hexdigest()[:20], tag
 
