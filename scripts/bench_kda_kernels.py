@@ -442,11 +442,11 @@ VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # (cf); run13: F_A/beta as a split-N launch before the fused grid (ext); cf and ext were
 # slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_to_run19.md).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
-    (2, 8, 4, 2, 1, {"ppf": 1}),
+    # (timed up to run38) (2, 8, 4, 2, 1, {"ppf": 1}),
     # run17 timed t1/wn2/wk8 fb1|fb2 +-ppf and t2/wn2/wk4 fb2 here: none faster; run19/run20
     # timed a split-K F_A/beta prologue by a helper warp per block (knobs sk / spad, code at
     # commit 7e46f25, removed again: slower, results/kda_kernels/2026-11-30_h200_run19*, run20*)
-    (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
+    # (timed up to run38) (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
     # run22 timed producers publishing f_a with one fence per block (after the barrier) instead
     # of one per thread: 0.03-0.23 us faster at M = 1, 4, 8 (now the only way)
     # run23: consumers spin on tagged f_a pairs (no fence / counter / reload on the critical path):
@@ -456,7 +456,7 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # two warps (one row each) takes the fused kernel from 112 to 78 registers
     # run26: polls split per (row half, K step): t2 at 64 registers -> 4 blocks/SM -> 4-5 us
     # slower (reverted); t1/wn2 (40 registers) fb1/fb2 +-ppf with tag: 23.4-25.8, not faster
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
+    # (timed up to run38) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
     # run29: K interleaved across the warps (ki: per iteration a block reads one contiguous
     # 2 KB run of each weight row instead of 8 runs of 256 bytes; same register count)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1}),
@@ -468,9 +468,19 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run32: tag 2 (the epoch from a 64-bit arrival word that every block bumps with a fire-and-
     # forget red, instead of an atomic round trip before the last blocks can retire)
     # (tag 2 then became the only tag scheme: 0.5-2 us faster at m_tile 16, 0-0.15 at 8)
-    (2, 8, 4, 2, 1, {"tag": 1}),
+    # (timed up to run38) (2, 8, 4, 2, 1, {"tag": 1}),
     # run34: 6 consumer blocks (grid 399: 3 blocks past one wave instead of 9) with the new epoch
     (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
+    # run39 (session 6): consumers reread the epoch inside the poll (pe: one round trip, not two,
+    # once f_a is there), and producers prefetch W_FB into L2 with evict_last (fbpf 8: before
+    # their stream loop; 2: two iterations before its end, m_tile 8 only, capped at 80
+    # registers by minb 3: uncapped it takes 86, and 102-110 at m_tile 16)
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 8, "fbel": 1}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 8, "fbel": 1}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 2, "fbel": 1, "minb": 3, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 1, "fbel": 1, "only_mt": 8}),
     # run36: the producers also prefetching W_FB into L2 (knob wbpf, code at commit 48505c6, removed
     # again): 0.1-0.3 us slower at m_tile 8, 1-2.6 us slower at m_tile 16 (two sweeps)
     # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
@@ -483,14 +493,14 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
     # run27 timed t2/wk8 (62 registers: 4 blocks/SM fit) pinned to 3 blocks/SM with unused shared
     # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
     # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
-    (2, 8, 4, {}), (2, 8, 4, {"ki": 1}), (1, 8, 4, {"warps_n": 2}), (1, 8, 4, {"warps_n": 2, "ki": 1}),
+    (2, 8, 4, {"ki": 1}),  # (timed up to run38: t2 without ki, t1/wn2 with and without ki)
     # run30: m_tile 16 with 2 warps along N is 44 registers (2 blocks of 512 threads per SM); minb 3
     # (1-2 us slower with 8 bytes of spills, run30)
 ]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
     # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
     # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)
-    ({}, {}), ({"ki": 1}, {}),  # run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
+    ({}, {}),  # ({"ki": 1}, {}) timed up to run38; run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
 ]
 
 
@@ -509,6 +519,9 @@ def vsweep_fused(m):
     mt = 8 if m <= 8 else 16
     out = []
     for t, wk, u, fb, fp, extra in VSWEEP_FUSED:
+        extra = dict(extra)
+        if extra.pop("only_mt", mt) != mt:
+            continue
         c = Config("fused", m_tile=mt, tiles=t, warps_k=wk, unroll=u, fb_tiles=fb, fb_passes=fp, **extra)
         if ec.check_fused(c, m, NP, H, NQ, NFB, NFA) is None:
             out.append(c)

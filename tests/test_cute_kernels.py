@@ -333,6 +333,37 @@ def test_fused_tagged_handoff_ptx():
             assert absent not in ptx, absent
 
 
+def test_fused_epoch_in_poll_and_wfb_prefetch_ptx():
+    """pe = 1: the consumers' polling warps load the arrival word inside the poll loop (after
+    the PDL wait, no separate epoch load before it); fbpf / fbel: the producers bulk-prefetch
+    W_FB into L2 with an evict_last policy. Both stay at <= 80 registers (3 blocks/SM) in the
+    configs the sweep times, without local memory."""
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, ki=1, tag=1,
+                  pe=1, fbpf=8, fbel=1)
+    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None
+    assert c.key().endswith("_tag_pe_wb8el_pdl1") and ec.Config.from_dict(c.to_dict()) == c
+    assert "pe needs tag" in dataclasses.replace(c, tag=0).check(8, NP, 7168)
+    assert "fbel needs fbpf" in dataclasses.replace(c, fbpf=0).check(8, NP, 7168)
+    assert "fused" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, fbpf=2).check(8, NP, 7168)
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    for mt in (8, 16):
+        cm = dataclasses.replace(c, m_tile=mt)
+        ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
+        epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u64", ptx)]
+        polls = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.v2\.b64", ptx)]
+        # producer epoch after the first wait; the consumer's inside its poll loop, right before
+        # the pair loads and after the second wait
+        assert len(waits) == 2 == len(epochs) and waits[0] < epochs[0] < waits[1] < epochs[1] < polls[0]
+        loop = ptx.rindex("TAGPOLL", 0, epochs[1])
+        assert ptx[loop:epochs[1]].count("\n") <= 2 and ptx.count("vote.sync.all.pred") == 1
+        assert "createpolicy.fractional.L2::evict_last" in ptx
+        assert ptx.count("cp.async.bulk.prefetch.L2.global.L2::cache_hint") == 1
+        assert ".local" not in ptx
+
+
 def test_epoch_shares_sum_to_one_span():
     """Whatever the number of arrivals, one launch adds exactly EPOCH_SPAN to the arrival word,
     so launches of configs with different block counts can share a workspace."""
@@ -495,6 +526,8 @@ def test_gpu_fused_tagged_handoff(m):
     plain = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2)
     # 6 consumer blocks instead of 12: another arrival count on the same epoch word
     fewer = dataclasses.replace(tagged, fb_passes=2, ppf=1, ki=1)
+    # the epoch reread inside the poll, W_FB prefetched into L2 (evict_last) by the producers
+    pe = dataclasses.replace(fewer, pe=1, fbpf=8, fbel=1)
     x, wp, wb = _fused_inputs(m, 1200 + m)
     outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
              torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
@@ -508,7 +541,7 @@ def test_gpu_fused_tagged_handoff(m):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for cfg in (tagged, tagged, plain, tagged, fewer, plain, fewer, tagged, plain, tagged):
+        for cfg in (tagged, tagged, plain, tagged, fewer, plain, pe, fewer, pe, tagged, plain, tagged):
             for o, g in outs:
                 o.fill_(float("nan"))
                 g.fill_(float("nan"))
@@ -519,9 +552,9 @@ def test_gpu_fused_tagged_handoff(m):
             check(cfg.key())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        for o, g in outs:
-            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=tagged)
-    _replay_fresh(graph, x, outs, lambda: check("graph tagged"))
+        for (o, g), cfg in zip(outs, (tagged, pe)):
+            ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
+    _replay_fresh(graph, x, outs, lambda: check("graph tagged + pe"))
 
 
 def test_tiled_weight_layout():

@@ -72,6 +72,14 @@ class Config:
     # (bf16x2, launch tag) 64-bit pairs into the workspace and consumers spin on the data
     # itself: no fence, no counter round trip, no second load on the critical path
     tag: int = 0
+    # fused + tag: the consumers' polling warps reread the epoch inside the poll loop (one
+    # memory round trip for epoch and f_a instead of two in a row; see kernels.poll_tagged)
+    pe: int = 0
+    # fused: producers bulk-prefetch their share of W_FB into L2 this many stream iterations
+    # before they finish (0 = never), for consumer blocks that start late; fbel: with an
+    # L2 evict_last policy
+    fbpf: int = 0
+    fbel: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -94,6 +102,10 @@ class Config:
             s += "_ppf"
         if self.tag:
             s += "_tag"
+        if self.pe:
+            s += "_pe"
+        if self.fbpf:
+            s += f"_wb{self.fbpf}" + ("el" if self.fbel else "")
         if self.dbg:
             s += "_dbg"
         return s
@@ -175,9 +187,13 @@ class Config:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.tag)
+        knobs = (self.ppf, self.dbg, self.tag, self.pe, self.fbel)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
+            return "ppf, tag, pe, fbel and dbg are 0/1 knobs of the fused kind"
+        if self.fbpf < 0 or self.fbpf and self.kind != "fused" or self.fbel and not self.fbpf:
+            return "fbpf (>= 0) is a fused knob; fbel needs fbpf"
+        if self.pe and not self.tag:
+            return "pe needs tag"
         return None
 
 
