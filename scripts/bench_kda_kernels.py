@@ -471,21 +471,21 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed up to run38) (2, 8, 4, 2, 1, {"tag": 1}),
     # run34: 6 consumer blocks (grid 399: 3 blocks past one wave instead of 9) with the new epoch
     (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
-    # run39 (session 6): consumers reread the epoch inside the poll (pe: one round trip, not two,
-    # once f_a is there), and producers prefetch W_FB into L2 with evict_last (fbpf 8: before
-    # their stream loop; 2: two iterations before its end, m_tile 8 only, capped at 80
-    # registers by minb 3: uncapped it takes 86, and 102-110 at m_tile 16)
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 8, "fbel": 1}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 8, "fbel": 1}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 2, "fbel": 1, "minb": 3, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 1, "fbel": 1, "only_mt": 8}),
-    # run36: the producers also prefetching W_FB into L2 (knob wbpf, code at commit 48505c6, removed
-    # again): 0.1-0.3 us slower at m_tile 8, 1-2.6 us slower at m_tile 16 (two sweeps)
-    # run21 timed a producer K split (pks = 7: the f_a tiles as 7 K-slice blocks writing fp32
-    # partials, summed by the consumers; code at commit 4e22246, removed again): correct, but
-    # 26.9-28.4 us at M <= 8 and 34-37 us at m_tile 16 (results/kda_kernels/2026-11-30_h200_run21*)
+    # run39 (session 6): consumers rereading the epoch inside the poll (pe: one round trip, not
+    # two, once f_a is there): equal at m_tile 8, 0.5-1 us slower at 16. Producers prefetching
+    # W_FB into L2 with evict_last before their stream loop: 1.5-2.5 us slower; one or two
+    # iterations before its end (as the consumers start): 0.2-0.5 us faster at m_tile 8
+    # (results/kda_kernels/2026-11-30_h200_run39_pe_wbpf_sweep.md). run40: fbpf now counts from
+    # after the mma steps of iteration NIT - fbpf (run39's 1 / 2 are 2 / 3 here); only 1 (after
+    # the loop) stays at 78 registers at m_tile 16
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "fbel": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "pe": 1, "fbpf": 2, "fbel": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "fbel": 1, "minb": 3, "only_mt": 8}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "fbel": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 1, "fbel": 1}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 1, "fbel": 1, "only_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

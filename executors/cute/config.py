@@ -75,9 +75,9 @@ class Config:
     # fused + tag: the consumers' polling warps reread the epoch inside the poll loop (one
     # memory round trip for epoch and f_a instead of two in a row; see kernels.poll_tagged)
     pe: int = 0
-    # fused: producers bulk-prefetch their share of W_FB into L2 this many stream iterations
-    # before they finish (0 = never), for consumer blocks that start late; fbel: with an
-    # L2 evict_last policy
+    # fused: producers bulk-prefetch their share of W_FB into L2 after stream iteration
+    # NIT - fbpf (0 = never, 1 = after the last, > NIT = before the loop), for the consumer
+    # blocks, which start as the producers retire; fbel: with an L2 evict_last policy
     fbpf: int = 0
     fbel: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and

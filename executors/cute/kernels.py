@@ -387,12 +387,10 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
     loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx, last): an L2
-    bulk prefetch issued at the top of iteration it where idx < 1 (fused knob fbpf). Returns this lane's R accumulators."""
+    bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf). Returns this lane's R accumulators."""
     x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS)
     acc = [[Float32(0.0)] * 4 for _ in range(R)]
     for it in range(NIT):
-        if hook is not None and it == hook[0]:  # (iteration, addr, nbytes, idx, evict_last)
-            prefetch_l2_bulk(hook[1], hook[2], hook[3], 1, hook[4])
         if PF > 0 and it + PF < NIT:
             _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
         if it + 1 < NIT:
@@ -403,6 +401,10 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
             a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
             for r in range(R):
                 acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
+        if hook is not None and it == hook[0]:  # (iteration, addr, nbytes, idx, evict_last)
+            # after this iteration's mma steps: placed before its loads (or at m_tile 16 anywhere
+            # but after the last iteration) ptxas needs 86-174 registers instead of 76-78
+            prefetch_l2_bulk(hook[1], hook[2], hook[3], 1, hook[4])
         if it + 1 < NIT:
             w_cur = w_nxt
             x_cur = x_nxt
@@ -710,7 +712,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             hook = None
             if cutlass.const_expr(FBPF > 0):
                 # producer sb prefetches W_FB rows [sb * RP, sb * RP + RP), one 256-byte row per
-                # thread, FBPF iterations before its stream ends (the consumers start about then)
+                # thread, after stream iteration NIT - FBPF (1: after the loop; > NIT: before it):
+                # the consumer blocks start as the producers retire and need W_FB at once
                 fb_idx = Int32(1 << 20)
                 if sb < P:
                     if tid < RP:
