@@ -223,9 +223,10 @@ def test_fused_supports_and_configs():
 
     t_all, t0, p, c = fused_grid(ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
     assert (t_all, t0, p, c) == (393, 384, 8, 12)
-    # M <= 4 and 9..15: 6 consumer blocks with two passes each; else 12 (run34-run37)
+    # M = 9..15: 6 consumer blocks with two passes each (run34-run35); else 12 (at M <= 4 the
+    # W_FB prefetch of run40/run41 beats the two passes of run37)
     assert [fused_grid(ec.default_fused_config(m, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)[3]
-            for m in (1, 4, 5, 8, 9, 15, 16)] == [6, 6, 12, 12, 6, 6, 12]
+            for m in (1, 4, 5, 8, 9, 15, 16)] == [12, 12, 12, 12, 6, 6, 12]
 
 
 @pytest.mark.parametrize("m", [4, 12, 16])
@@ -333,34 +334,31 @@ def test_fused_tagged_handoff_ptx():
             assert absent not in ptx, absent
 
 
-def test_fused_epoch_in_poll_and_wfb_prefetch_ptx():
-    """pe = 1: the consumers' polling warps load the arrival word inside the poll loop (after
-    the PDL wait, no separate epoch load before it); fbpf / fbel: the producers bulk-prefetch
-    W_FB into L2 with an evict_last policy. Both stay at <= 80 registers (3 blocks/SM) in the
-    configs the sweep times, without local memory."""
-    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, ki=1, tag=1,
-                  pe=1, fbpf=8, fbel=1)
-    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None
-    assert c.key().endswith("_tag_pe_wb8el_pdl1") and ec.Config.from_dict(c.to_dict()) == c
-    assert "pe needs tag" in dataclasses.replace(c, tag=0).check(8, NP, 7168)
-    assert "fbel needs fbpf" in dataclasses.replace(c, fbpf=0).check(8, NP, 7168)
+def test_fused_wfb_prefetch_ptx():
+    """fbpf: the producers bulk-prefetch W_FB into L2 once, after the mma steps of stream
+    iteration NIT - fbpf (the defaults: 3 at m_tile 8, 2 at M = 16), inside the streaming part
+    (after its PDL wait, before the consumers'); the m_tile-8 default stays at <= 80 registers
+    through minb 3, without local memory in the PTX."""
+    c = ec.default_fused_config(8, NP, 7168, NFA, NQ)
+    assert (c.fbpf, c.minb, c.fb_passes) == (3, 3, 1) and c.key().endswith("_tag_wb3_pdl1")
+    assert ec.Config.from_dict(c.to_dict()) == c
+    assert ec.default_fused_config(16, NP, 7168, NFA, NQ).fbpf == 2
+    assert ec.default_fused_config(12, NP, 7168, NFA, NQ).fbpf == 0
+    assert ec.default_fused_config(8, NP, 7168, NFA).fbpf == 0  # untagged: not measured
     assert "fused" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, fbpf=2).check(8, NP, 7168)
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    for mt in (8, 16):
-        cm = dataclasses.replace(c, m_tile=mt)
+    nit = 7168 // 32 // (8 * 4)
+    for cm in (c, ec.default_fused_config(16, NP, 7168, NFA, NQ)):
         ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
-        epochs = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.u64", ptx)]
-        polls = [i.start() for i in re.finditer(r"ld\.relaxed\.gpu\.global\.v2\.b64", ptx)]
-        # producer epoch after the first wait; the consumer's inside its poll loop, right before
-        # the pair loads and after the second wait
-        assert len(waits) == 2 == len(epochs) and waits[0] < epochs[0] < waits[1] < epochs[1] < polls[0]
-        loop = ptx.rindex("TAGPOLL", 0, epochs[1])
-        assert ptx[loop:epochs[1]].count("\n") <= 2 and ptx.count("vote.sync.all.pred") == 1
-        assert "createpolicy.fractional.L2::evict_last" in ptx
-        assert ptx.count("cp.async.bulk.prefetch.L2.global.L2::cache_hint") == 1
+        pfs = [i.start() for i in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)]
+        inside = [q for q in pfs if waits[0] < q < waits[1]]
+        assert len(waits) == 2 and len(inside) == 1, (cm.key(), len(inside))
+        # 2 mma.sync per 32-wide K step: unroll 4 x 2 tiles x 2 per iteration
+        mmas = ptx.count("mma.sync.aligned", waits[0], inside[0])
+        assert mmas == 16 * (nit - cm.fbpf + 1), (cm.key(), mmas)
         assert ".local" not in ptx
 
 
@@ -526,8 +524,8 @@ def test_gpu_fused_tagged_handoff(m):
     plain = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2)
     # 6 consumer blocks instead of 12: another arrival count on the same epoch word
     fewer = dataclasses.replace(tagged, fb_passes=2, ppf=1, ki=1)
-    # the epoch reread inside the poll, W_FB prefetched into L2 (evict_last) by the producers
-    pe = dataclasses.replace(fewer, pe=1, fbpf=8, fbel=1)
+    # producers prefetching W_FB into L2 (fbpf; the M <= 8 and M = 16 defaults)
+    wb = dataclasses.replace(fewer, fb_passes=1, fbpf=3, minb=3)
     x, wp, wb = _fused_inputs(m, 1200 + m)
     outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
              torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
@@ -541,7 +539,7 @@ def test_gpu_fused_tagged_handoff(m):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for cfg in (tagged, tagged, plain, tagged, fewer, plain, pe, fewer, pe, tagged, plain, tagged):
+        for cfg in (tagged, tagged, plain, tagged, fewer, plain, wb, fewer, wb, tagged, plain, tagged):
             for o, g in outs:
                 o.fill_(float("nan"))
                 g.fill_(float("nan"))
@@ -552,9 +550,9 @@ def test_gpu_fused_tagged_handoff(m):
             check(cfg.key())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        for (o, g), cfg in zip(outs, (tagged, pe)):
+        for (o, g), cfg in zip(outs, (tagged, wb)):
             ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
-    _replay_fresh(graph, x, outs, lambda: check("graph tagged + pe"))
+    _replay_fresh(graph, x, outs, lambda: check("graph tagged + fbpf"))
 
 
 def test_tiled_weight_layout():

@@ -72,14 +72,12 @@ class Config:
     # (bf16x2, launch tag) 64-bit pairs into the workspace and consumers spin on the data
     # itself: no fence, no counter round trip, no second load on the critical path
     tag: int = 0
-    # fused + tag: the consumers' polling warps reread the epoch inside the poll loop (one
-    # memory round trip for epoch and f_a instead of two in a row; see kernels.poll_tagged)
-    pe: int = 0
     # fused: producers bulk-prefetch their share of W_FB into L2 after stream iteration
     # NIT - fbpf (0 = never, 1 = after the last, > NIT = before the loop), for the consumer
-    # blocks, which start as the producers retire; fbel: with an L2 evict_last policy
+    # blocks, which start as the producers retire (run39-41). Tried and removed (code at commit
+    # cdbab10): an evict_last policy on it (no faster) and consumers rereading the epoch inside
+    # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
-    fbel: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -102,10 +100,8 @@ class Config:
             s += "_ppf"
         if self.tag:
             s += "_tag"
-        if self.pe:
-            s += "_pe"
         if self.fbpf:
-            s += f"_wb{self.fbpf}" + ("el" if self.fbel else "")
+            s += f"_wb{self.fbpf}"
         if self.dbg:
             s += "_dbg"
         return s
@@ -187,13 +183,11 @@ class Config:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.tag, self.pe, self.fbel)
+        knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, tag, pe, fbel and dbg are 0/1 knobs of the fused kind"
-        if self.fbpf < 0 or self.fbpf and self.kind != "fused" or self.fbel and not self.fbpf:
-            return "fbpf (>= 0) is a fused knob; fbel needs fbpf"
-        if self.pe and not self.tag:
-            return "pe needs tag"
+            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
+        if self.fbpf < 0 or self.fbpf and self.kind != "fused":
+            return "fbpf (>= 0) is a knob of the fused kind"
         return None
 
 
@@ -369,13 +363,24 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
         cfg = dataclasses.replace(cfg, ppf=1, ki=1)
     if tag:
         cfg = dataclasses.replace(cfg, tag=1)
-        if cfg.m_tile == 16 and m < 16 or m <= 4:
+        nit = k // 32 // (cfg.warps_k * cfg.unroll)  # stream iterations per warp (7 at K = 7168)
+        if cfg.m_tile == 8 and nit >= 5:
+            # run40/run41 (four sweeps): the producers prefetch W_FB into L2 after stream
+            # iteration NIT - 3, so the consumer blocks, which start as the producers retire,
+            # find it there: 0.37-0.93 us faster at every M <= 8 than the defaults before (incl.
+            # 6 consumer blocks at M <= 4); minb 3 holds it at 80 registers (86 uncapped)
+            cfg = dataclasses.replace(cfg, fbpf=3, minb=3)
+        elif m < 16:
             # run34/run35 (three sweeps): 6 consumer blocks with two passes each (grid 399: 3
             # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15, 0-0.2 slower
-            # at 16; at m_tile 8 0.12-0.38 us faster at M = 1..4 (run34/run36/run37, four
-            # sweeps at M = 1), equal at 5, 0.4-0.8 slower at 8 (F_B's second pass is on the
-            # critical path only when the step is not bound by the streaming alone)
+            # at 16 (F_B's second pass is on the critical path only when the step is not bound
+            # by the streaming alone)
             cfg = dataclasses.replace(cfg, fb_passes=2)
+        elif nit >= 4:
+            # run41 (two sweeps): at M = 16 the W_FB prefetch after iteration NIT - 2 is 0.4 us
+            # faster (80 registers with minb 3, 44 bytes of spills; uncapped 106), 0.15-0.3 us
+            # slower than two consumer passes at M = 9, 12
+            cfg = dataclasses.replace(cfg, fbpf=2, minb=3)
     return cfg
 
 

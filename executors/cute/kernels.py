@@ -62,20 +62,13 @@ def ld_l2_v4(addr: Int64, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, last: bool = False, *,
-                     loc=None, ip=None):
+def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=None, ip=None):
     """If idx < limit: bulk prefetch of nbytes (multiple of 16, 16-byte aligned) into L2
-    (sm_90 TMA unit): puts requests in flight without holding registers. last: with an
-    L2 evict_last policy, so the lines outlive the streaming traffic that follows."""
-    pol = ""
-    op = "@p cp.async.bulk.prefetch.L2.global [$0], $1;"
-    if last:
-        pol = ".reg .b64 pol;\n\tcreatepolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-        op = "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$0], $1, pol;"
+    (sm_90 TMA unit): puts requests in flight without holding registers."""
     llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip),
                            Int32(idx).ir_value(loc=loc, ip=ip)],
-                    "{\n\t.reg .pred p;\n\t" + pol + "setp.lt.u32 p, $2, " + str(int(limit)) + ";\n\t"
-                    + op + "\n\t}",
+                    "{\n\t.reg .pred p;\n\tsetp.lt.u32 p, $2, " + str(int(limit)) + ";\n\t"
+                    "@p cp.async.bulk.prefetch.L2.global [$0], $1;\n\t}",
                     "l,r,r", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
@@ -149,43 +142,31 @@ _POLLS = [0]  # unique PTX labels per poll instance
 
 
 @dsl_user_op
-def poll_tagged(addr: Int64, tag, steps: int, epoch_addr=None, *, loc=None, ip=None):
+def poll_tagged(addr: Int64, tag: Int32, steps: int, *, loc=None, ip=None):
     """Whole warp: spin until the 4 * steps (value, tag) pairs of every lane (addr: byte address
     of the lane's first pair; 4 pairs per 128-byte step) carry `tag`, then return the values
     (4 per step, bf16x2). 128-bit relaxed GPU-scope loads, each 64-bit element single-copy
-    atomic; the warp leaves the loop together (vote.all).
-    With epoch_addr (knob pe) the tag is not passed: every round also reloads the arrival word
-    (see ld_epoch) and expects epoch + 1, so the epoch and the pairs cost one memory round trip,
-    not two in a row. Rereading is safe: until this block's own arrival the word's epoch part
-    cannot advance (the launch's arrivals sum to exactly one EPOCH_SPAN)."""
+    atomic; the warp leaves the loop together (vote.all)."""
     _POLLS[0] += 1
     lab = f"TAGPOLL{_POLLS[0]}"
     nv = 4 * steps  # one b64 register per pair
-    lines = ["{", ".reg .pred ok, all;", f".reg .b64 q<{nv}>;", f".reg .b32 tg<{nv}>;",
-             ".reg .u64 ew;", ".reg .u32 want;", f"{lab}:"]
-    if epoch_addr is not None:
-        lines += [f"ld.relaxed.gpu.global.u64 ew, [${nv + 1}];",
-                  f"shr.u64 ew, ew, {EPOCH_SPAN.bit_length() - 1};", "cvt.u32.u64 want, ew;",
-                  "add.u32 want, want, 1;"]
-    else:
-        lines.append(f"mov.u32 want, ${nv + 1};")
+    lines = ["{", ".reg .pred ok, all;", f".reg .b64 q<{nv}>;", f".reg .b32 tg<{nv}>;", f"{lab}:"]
     for sk in range(steps):
         for h in range(2):
             i = 4 * sk + 2 * h
             lines.append(f"ld.relaxed.gpu.global.v2.b64 {{q{i}, q{i + 1}}}, [${nv}+{sk * 128 + h * 16}];")
     for j in range(nv):
         lines.append(f"mov.b64 {{${j}, tg{j}}}, q{j};")
-    lines.append("setp.eq.u32 ok, tg0, want;")
+    lines.append(f"setp.eq.u32 ok, tg0, ${nv + 1};")
     for j in range(1, nv):
-        lines.append(f"setp.eq.and.u32 ok, tg{j}, want, ok;")
+        lines.append(f"setp.eq.and.u32 ok, tg{j}, ${nv + 1}, ok;")
     lines += ["vote.sync.all.pred all, ok, 0xffffffff;", "@!all nanosleep.u32 32;",
               f"@!all bra {lab};", "}"]
-    last = Int64(epoch_addr) if epoch_addr is not None else Int32(tag)
     res = llvm.inline_asm(
         llvm.StructType.get_literal([T.i32()] * nv),
-        [Int64(addr).ir_value(loc=loc, ip=ip), last.ir_value(loc=loc, ip=ip)],
+        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(tag).ir_value(loc=loc, ip=ip)],
         "\n\t".join(lines),
-        ",".join(["=&r"] * nv + ["l", "l" if epoch_addr is not None else "r"]),
+        ",".join(["=&r"] * nv + ["l", "r"]),
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -386,8 +367,9 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
                 MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None):
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
-    loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx, last): an L2
-    bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf). Returns this lane's R accumulators."""
+    loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx): an L2
+    bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf).
+    Returns this lane's R accumulators."""
     x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS)
     acc = [[Float32(0.0)] * 4 for _ in range(R)]
     for it in range(NIT):
@@ -401,10 +383,11 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
             a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
             for r in range(R):
                 acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
-        if hook is not None and it == hook[0]:  # (iteration, addr, nbytes, idx, evict_last)
-            # after this iteration's mma steps: placed before its loads (or at m_tile 16 anywhere
-            # but after the last iteration) ptxas needs 86-174 registers instead of 76-78
-            prefetch_l2_bulk(hook[1], hook[2], hook[3], 1, hook[4])
+        if hook is not None and it == hook[0]:  # (iteration, addr, nbytes, idx)
+            # after this iteration's mma steps: at the top of an iteration or after its loads
+            # ptxas took 86-174 registers instead of 76-78 (m_tile 8); at m_tile 16 any place but
+            # after the last iteration takes 102-110 (the default caps it with minb 3)
+            prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
         if it + 1 < NIT:
             w_cur = w_nxt
             x_cur = x_nxt
@@ -644,9 +627,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     PPF = cfg.ppf
     TAG = cfg.tag
     DBG = cfg.dbg
-    PE = cfg.pe
     FBPF = cfg.fbpf
-    FBEL = cfg.fbel
     RP = -(-nb // max(1, P))  # W_FB rows per producer (fbpf)
     N = n
     K = k
@@ -721,9 +702,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                             fb_idx = Int32(0)
                 fb_row = _imin(sb * RP + tid, NB - 1)
                 hook = (NIT - FBPF, mWB.iterator.toint() + Int64(fb_row) * (KB * 2),
-                        Int32(KB * 2), fb_idx, bool(FBEL))
+                        Int32(KB * 2), fb_idx)
                 if cutlass.const_expr(FBPF > NIT):  # before the loop (it = -1)
-                    prefetch_l2_bulk(hook[1], hook[2], hook[3], 1, hook[4])
+                    prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
             acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
                               hook)
 
@@ -815,13 +796,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 # kernels (t2/wk8) use 78 registers, 3 blocks/SM; a poll per (row, K step)
                 # brought them to 64, 4 blocks/SM fit and the step got 4-5 us slower (run26)
                 if warp < MT // 8:
+                    ep = ld_epoch(ctr + Int64(8))
                     tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
                     row = _imin(g + 8 * warp, m_rows - 1)
-                    if cutlass.const_expr(PE):  # epoch and pairs in one round trip
-                        vals = poll_tagged(tb + Int64(row) * (KB * 4), None, SB, ctr + Int64(8))
-                    else:
-                        ep = ld_epoch(ctr + Int64(8))
-                        vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
+                    vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
                     for j in cutlass.range_constexpr(NV1):
                         fs[(warp * 32 + lane) * NV1 + j] = vals[j]
             else:
