@@ -550,7 +550,7 @@ def test_gpu_fused_tagged_handoff(m):
             check(cfg.key())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        for (o, g), cfg in zip(outs, (tagged, wb)):
+        for (o, g), cfg in zip(outs, (tagged, wb), strict=True):
             ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
     _replay_fresh(graph, x, outs, lambda: check("graph tagged + fbpf"))
 
