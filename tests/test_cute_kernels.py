@@ -525,7 +525,7 @@ def test_gpu_fused_tagged_handoff(m):
     # 6 consumer blocks instead of 12: another arrival count on the same epoch word
     fewer = dataclasses.replace(tagged, fb_passes=2, ppf=1, ki=1)
     # producers prefetching W_FB into L2 (fbpf; the M <= 8 and M = 16 defaults)
-    wb = dataclasses.replace(fewer, fb_passes=1, fbpf=3, minb=3)
+    wbp = dataclasses.replace(fewer, fb_passes=1, fbpf=3, minb=3)
     x, wp, wb = _fused_inputs(m, 1200 + m)
     outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
              torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
@@ -539,7 +539,7 @@ def test_gpu_fused_tagged_handoff(m):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for cfg in (tagged, tagged, plain, tagged, fewer, plain, wb, fewer, wb, tagged, plain, tagged):
+        for cfg in (tagged, tagged, plain, tagged, fewer, plain, wbp, fewer, wbp, tagged, plain, tagged):
             for o, g in outs:
                 o.fill_(float("nan"))
                 g.fill_(float("nan"))
@@ -550,7 +550,7 @@ def test_gpu_fused_tagged_handoff(m):
             check(cfg.key())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side):
-        for (o, g), cfg in zip(outs, (tagged, wb), strict=True):
+        for (o, g), cfg in zip(outs, (tagged, wbp), strict=True):
             ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
     _replay_fresh(graph, x, outs, lambda: check("graph tagged + fbpf"))
 
