@@ -38,6 +38,13 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16, ppf=1, tag=1, fb_passes=4)),
     # run32 timed cases 7, 8, 11 and those two with the epoch from fire-and-forget arrivals,
     # which then replaced the counted last arrival (tag = 1 is that scheme from then on)
+    # session 6: the defaults with the producers' W_FB prefetch (fbpf) at M = 8 and 16, and the
+    # two-pass consumers at M = 9, 12 (why the m_tile-16 step grows 1.4 us from M = 9 to 16)
+    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3)),
+    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, fb_passes=2)),
+    (12, dict(m_tile=16, ppf=1, tag=1, ki=1, fb_passes=2)),
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, fbpf=2, minb=3)),
+    (9, dict(m_tile=16, ppf=1, tag=1, ki=1)),
 ]
 
 
