@@ -485,17 +485,12 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # fbpf 2 capped at 80 registers (44 bytes of spills; uncapped 106)
     # run41: fbpf 3 + minb 3 (m_tile 8) and fbpf 2 + minb 3 at M = 16 became the defaults;
     # evict_last no faster (removed); at M = 9..15 fbpf 2 0.15-0.3 us slower than two passes.
-    # run44: the x load through the texture path (xld 1) or with L1 evict_last (xld 2), and the
-    # m_tile-16 kernel forced at M <= 8 (is its 1.5-2 us over m_tile 8 structural?)
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "xld": 1, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "xld": 2, "only_mt": 8}),
+    # run44 (two sweeps): the x load through the texture path (ld.global.nc) or with L1
+    # evict_last (knob xld, code at commit 68179c6, removed): no difference at either
+    # m_tile. The m_tile-16 kernel forced at M = 1: 23.4-23.5 us against 21.3-21.4 for m_tile 8,
+    # so its ~2 us are structural (x row pairs per lane, not the x bytes: at M = 1 all rows are
+    # one row) (results/kda_kernels/2026-11-30_h200_run44_xld_sweep_{a,b}.md)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "force_mt": 16}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "xld": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "xld": 2, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "xld": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "xld": 2, "only_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
@@ -504,7 +499,6 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
     # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
     # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
     (2, 8, 4, {"ki": 1}),  # (timed up to run38: t2 without ki, t1/wn2 with and without ki)
-    (2, 8, 4, {"ki": 1, "xld": 1}), (2, 8, 4, {"ki": 1, "xld": 2}),  # run44
     # run30: m_tile 16 with 2 warps along N is 44 registers (2 blocks of 512 threads per SM); minb 3
     # (1-2 us slower with 8 bytes of spills, run30)
 ]

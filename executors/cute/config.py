@@ -78,9 +78,6 @@ class Config:
     # cdbab10): an evict_last policy on it (no faster) and consumers rereading the epoch inside
     # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
-    # tensor-core kinds: the x load. 0 = ld.global (L1-cached), 1 = ld.global.nc (texture
-    # path), 2 = ld.global.L1::evict_last
-    xld: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -105,8 +102,6 @@ class Config:
             s += "_tag"
         if self.fbpf:
             s += f"_wb{self.fbpf}"
-        if self.xld:
-            s += f"_x{self.xld}"
         if self.dbg:
             s += "_dbg"
         return s
@@ -168,8 +163,8 @@ class Config:
                 return f"K/(8*vec)={t} threads must be a multiple of 32 and <= 1024"
             if self.m_tile * self.rows > 64:
                 return "m_tile*rows > 64 accumulators"
-            if self.ki or self.xld:
-                return "ki and xld are knobs of the tensor-core kinds"
+            if self.ki:
+                return "ki is a knob of the tensor-core kinds"
             return None
         if k % 32:
             return f"K={k} not a multiple of 32 (tensor-core kinds)"
@@ -191,8 +186,6 @@ class Config:
         knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
             return "ppf, tag and dbg are 0/1 knobs of the fused kind"
-        if self.xld not in (0, 1, 2):
-            return "xld must be 0, 1 or 2"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
         return None
