@@ -491,15 +491,11 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # so its ~2 us are structural (x row pairs per lane, not the x bytes: at M = 1 all rows are
     # one row) (results/kda_kernels/2026-11-30_h200_run44_xld_sweep_{a,b}.md)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
-    # run45: is it the shared-memory carveout? m_tile 16 needs 12 KB of shared memory per block
-    # (36 KB for 3 blocks: the 64 KB carveout step, L1 192 KB) against 6 KB (18 KB: 32 KB, L1
-    # 224 KB) at m_tile 8; carve = preferred carveout in percent of 228 KB (14: 32 KB, 28: 64 KB)
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "carve": 28, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "carve": 44, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "carve": 14, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "carve": 14, "force_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "carve": 0, "force_mt": 16}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "carve": 14, "only_mt": 16}),
+    # run45 (two sweeps): the shared-memory carveout (knob carve: 14 / 28 / 44 % at m_tile 8, 0 /
+    # 14 at 16) changes nothing (results/kda_kernels/2026-11-30_h200_run45_carve_sweep_{a,b}.md)
+    # run46: the m_tile-16 kernel at M <= 8 without its second x row load (dx, diagnostics)
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "dx": 1, "force_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "dx": 1, "force_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

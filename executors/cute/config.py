@@ -78,6 +78,9 @@ class Config:
     # cdbab10): an evict_last policy on it (no faster) and consumers rereading the epoch inside
     # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
+    # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
+    # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
+    dx: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default
     dbg: int = 0
@@ -102,6 +105,8 @@ class Config:
             s += "_tag"
         if self.fbpf:
             s += f"_wb{self.fbpf}"
+        if self.dx:
+            s += "_dx"
         if self.dbg:
             s += "_dbg"
         return s
@@ -186,6 +191,8 @@ class Config:
         knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
             return "ppf, tag and dbg are 0/1 knobs of the fused kind"
+        if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
+            return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
         return None

@@ -342,13 +342,15 @@ def _x_addrs(x_base, sx, m_rows, g, koff):
             x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff)
 
 
-def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int, IS: int):
-    """x vectors (rows g, g + 8; the second is zero for m_tile 8) of K iteration `it`."""
+def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int, IS: int, DX: int = 0):
+    """x vectors (rows g, g + 8; the second is zero for m_tile 8) of K iteration `it`.
+    DX (diagnostics only, Config.dx): m_tile 16 without the second row's load (rows g + 8
+    reuse row g: right only where M <= 8)."""
     regs = []
     for u in range(U):
         off = Int64((it * IS + u) * 64)
         xg = ld_act_v4(xg_addr + off)
-        xh = ld_act_v4(xh_addr + off) if MT == 16 else [Int32(0)] * 4
+        xh = (xg if DX else ld_act_v4(xh_addr + off)) if MT == 16 else [Int32(0)] * 4
         regs.append((xg, xh))
     return regs
 
@@ -364,20 +366,20 @@ def _k_steps(wk, WK: int, U: int, JW: int, KI: int):
 
 
 def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
-                MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None):
+                MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None, DX: int = 0):
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
     loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx): an L2
     bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf).
     Returns this lane's R accumulators."""
-    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS)
+    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS, DX)
     acc = [[Float32(0.0)] * 4 for _ in range(R)]
     for it in range(NIT):
         if PF > 0 and it + PF < NIT:
             _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
         if it + 1 < NIT:
             w_nxt = _load_w(w_addr, it + 1, U, R, w_step, IS)
-            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS)
+            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS, DX)
         for u in range(U):
             xg, xh = x_cur[u]
             a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
@@ -706,7 +708,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if cutlass.const_expr(FBPF > NIT):  # before the loop (it = -1)
                     prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
             acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
-                              hook)
+                              hook, cfg.dx)
 
             for r in cutlass.range_constexpr(R):
                 for h in cutlass.range_constexpr(MT // 8):
