@@ -362,6 +362,37 @@ def test_fused_wfb_prefetch_ptx():
         assert ".local" not in ptx
 
 
+def test_sass_weight_loads_before_pdl_wait():
+    """What the PDL design relies on, checked in the SASS (ptxas may reorder the PTX): every
+    default kernel issues its first group of weight loads (the non-coherent LDG.E.NA) before
+    griddepcontrol.wait (ACQBULK). Before pdl_wait, ptxas hoisted the wait to the top of every
+    non-fused kernel, so none of their weight loads overlapped the previous kernel."""
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    if ec.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (dev extra nvidia-cuda-nvdisasm)")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+    def loads_before_wait(sass):
+        wait = sass.index("ACQBULK")
+        return sass.count("LDG.E.NA", 0, wait), sass.count("ACQBULK")
+
+    cases = []
+    for m in (1, 8, 16):
+        for n, k in ((NP, 7168), (144, 7168), (NFB, NFA)):
+            c = ec.default_config(m, n, k)
+            first = c.rows * c.vec if c.kind == "split_n" else c.unroll * c.tiles
+            cases.append((c.key(), first, ec.sass_for_arch(c, n, k)))
+    for m in (8, 12, 16):
+        c = ec.default_fused_config(m, NP, 7168, NFA, NQ)
+        # streaming part: unroll x tiles; consumer part: fb_tiles x K_B/32 (pass 0), after its own wait
+        cases.append((c.key(), c.unroll * c.tiles, ec.fused_sass_for_arch(c, NP, 7168, NQ, NFB, NFA)))
+    for key, first, sass in cases:
+        before, waits = loads_before_wait(sass)
+        assert before >= first, (key, before, first)
+        assert waits == (2 if key.startswith("fused") else 1), (key, waits)
+
+
 def test_epoch_shares_sum_to_one_span():
     """Whatever the number of arrivals, one launch adds exactly EPOCH_SPAN to the arrival word,
     so launches of configs with different block counts can share a workspace."""

@@ -295,6 +295,66 @@ def ptx_of(build, arch: str) -> str:
     return ptx
 
 
+def cubin_of(build, arch: str) -> bytes:
+    """Cubin of build(extra_options) compiled for `arch` (no GPU needed; caller holds the lock)."""
+    with tempfile.TemporaryDirectory() as d:
+        fn = build(f"--gpu-arch {arch} --keep-cubin --dump-dir {d}")
+        cub = getattr(fn, "__cubin__", None)
+        if isinstance(cub, str) and Path(cub).exists():
+            cub = Path(cub).read_bytes()
+        if not cub:
+            files = list(Path(d).glob("*.cubin"))
+            cub = files[0].read_bytes() if files else b""
+    return cub
+
+
+def nvdisasm_path() -> str | None:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel (a dev dependency) or the PATH."""
+    import glob
+    import shutil
+
+    try:
+        import nvidia
+
+        for base in nvidia.__path__:
+            hits = sorted(glob.glob(os.path.join(base, "*", "bin", "nvdisasm")))
+            if hits:
+                return hits[-1]
+    except ImportError:
+        pass
+    return shutil.which("nvdisasm")
+
+
+def sass_of(build, arch: str = "sm_90a") -> str:
+    """SASS text (nvdisasm) of build(extra_options) for `arch`: what ptxas made of the PTX,
+    e.g. whether the weight loads really precede griddepcontrol.wait (ACQBULK)."""
+    import subprocess
+
+    tool = nvdisasm_path()
+    if tool is None:
+        raise RuntimeError("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    with _lock:
+        cub = cubin_of(build, arch)
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.cubin"
+        f.write_bytes(cub)
+        return subprocess.run([tool, "-c", str(f)], capture_output=True, text=True, check=True).stdout
+
+
+def sass_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a") -> str:
+    from . import kernels
+
+    return sass_of(lambda opts: kernels.compile_tvm_ffi(config, n, k, extra_options=opts), arch)
+
+
+def fused_sass_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb: int,
+                        arch: str = "sm_90a") -> str:
+    from . import kernels
+
+    return sass_of(lambda opts: kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts),
+                   arch)
+
+
 # --------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ w (N, K) contiguous, out (M, N) with row stride so (stride(1) == 1). M is a runt
 value (<= m_tile); N and K are compile-time constants.
 
 PDL: weight vectors of the first K group are loaded before ``griddepcontrol.wait``;
-everything that reads x (written by the previous kernel) comes after it.
+everything that reads x (written by the previous kernel) comes after it. The wait is emitted
+by pdl_wait so that ptxas keeps that order in the SASS (tests check it with nvdisasm).
 """
 
 from __future__ import annotations
@@ -71,6 +72,26 @@ def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=
                     "@p cp.async.bulk.prefetch.L2.global [$0], $1;\n\t}",
                     "l,r,r", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+_WAITS = [0]  # unique PTX labels per pdl_wait instance
+
+
+@dsl_user_op
+def pdl_wait(tid: Int32, *, loc=None, ip=None):
+    """griddepcontrol.wait as the body of a loop that runs once (its trip count, 1 + tid >> 31,
+    is unknown to the compiler). As a plain instruction, or behind a branch it if-converts, ptxas
+    hoists the wait to the top of the kernel, above the weight loads that are meant to be in
+    flight during it (seen in the SASS of every non-fused kernel: no weight load before
+    ACQBULK); it does not move a loop above earlier code."""
+    _WAITS[0] += 1
+    lab = f"PDLWAIT{_WAITS[0]}"
+    llvm.inline_asm(None, [Int32(tid).ir_value(loc=loc, ip=ip)],
+                    "{\n\t.reg .pred p;\n\t.reg .u32 i, n;\n\tshr.u32 n, $0, 31;\n\t"
+                    f"add.u32 n, n, 1;\n\tmov.u32 i, 0;\n\t{lab}:\n\tgriddepcontrol.wait;\n\t"
+                    f"add.u32 i, i, 1;\n\tsetp.lt.u32 p, i, n;\n\t@p bra {lab};\n\t}}",
+                    "r", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @dsl_user_op
@@ -439,7 +460,7 @@ def build_tc(cfg: Config, n: int, k: int):
             _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
         w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
         if cutlass.const_expr(PDL):
-            cute.arch.griddepcontrol_wait()
+            pdl_wait(tid)
             # let the next kernel launch now: it prefetches its own weights and then
             # blocks in its griddepcontrol.wait until this grid has finished
             cute.arch.griddepcontrol_launch_dependents()
@@ -525,7 +546,7 @@ def build_split_n(cfg: Config, n: int, k: int):
                                         + Int64((tid + v * NTHR) * 16)))
             wv.append(rv)
         if cutlass.const_expr(PDL):
-            cute.arch.griddepcontrol_wait()
+            pdl_wait(tid)
             # let the next kernel launch now: it prefetches its own weights and then
             # blocks in its griddepcontrol.wait until this grid has finished
             cute.arch.griddepcontrol_launch_dependents()
@@ -681,7 +702,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
             w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
-                cute.arch.griddepcontrol_wait()
+                pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
             ep = Int32(0)
             if cutlass.const_expr(TAG):
@@ -788,7 +809,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if nrows > 0:
                     prefetch_l2_bulk(wb_base + Int64(r1) * (KB * 2), Int32(nrows * (KB * 2)), lane, 1)
             if cutlass.const_expr(PDL):
-                cute.arch.griddepcontrol_wait()
+                pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
             ep = Int32(0)
             if cutlass.const_expr(TAG):
