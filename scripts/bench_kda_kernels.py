@@ -493,9 +493,11 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
     # run45 (two sweeps): the shared-memory carveout (knob carve: 14 / 28 / 44 % at m_tile 8, 0 /
     # 14 at 16) changes nothing (results/kda_kernels/2026-11-30_h200_run45_carve_sweep_{a,b}.md)
-    # run46: the m_tile-16 kernel at M <= 8 without its second x row load (dx, diagnostics)
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "dx": 1, "force_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "dx": 1, "force_mt": 16}),
+    # run46 (two sweeps): the m_tile-16 kernel at M = 1 / 4 / 8 is 2.1 / 2.1 / 1.9 us slower than
+    # m_tile 8; without its second x row load per lane (diagnostic knob dx) 1.3 / 1.4 / 1.6 us
+    # (results/kda_kernels/2026-11-30_h200_run46_dx_sweep_{a,b}.md)
+    # run48: with pdl_wait (the non-fused kernels' prologue loads now overlap the previous
+    # kernel), fused against two launches at M = 9..16 (the e[...] rows)
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
@@ -510,7 +512,7 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
     # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
     # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)
-    ({}, {}),  # ({"ki": 1}, {}) timed up to run38; run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
+    ({}, {}), ({"ki": 1}, {}),  # run48: again, with pdl_wait; run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
 ]
 
 
