@@ -226,7 +226,7 @@ def test_fused_supports_and_configs():
     # M = 9..15: 6 consumer blocks with two passes each (run34-run35); else 12 (at M <= 4 the
     # W_FB prefetch of run40/run41 beats the two passes of run37)
     assert [fused_grid(ec.default_fused_config(m, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)[3]
-            for m in (1, 4, 5, 8, 9, 15, 16)] == [12, 12, 12, 12, 6, 6, 12]
+            for m in (1, 4, 5, 8, 9, 15, 16)] == [12, 12, 12, 12, 6, 6, 6]
 
 
 @pytest.mark.parametrize("m", [4, 12, 16])
@@ -253,8 +253,10 @@ def test_fused_ptx(m):
     assert cfg.ppf == cfg.ki == 1
     untagged = ec.default_fused_config(m, NP, 7168, NFA, NQ - 8)
     assert untagged.ppf == untagged.ki == (1 if m <= 8 else 0)
-    # dispatch: the tagged kernel at every M, the counter one up to FUSED_MAX_M, else two launches
-    assert ec.fused_is_default(cfg, m) and ec.fused_is_default(untagged, m) == (m <= ec.FUSED_MAX_M)
+    # dispatch: the tagged kernel up to FUSED_TAG_MAX_M, the counter one up to FUSED_MAX_M, else
+    # two launches
+    assert ec.fused_is_default(cfg, m) == (m <= ec.FUSED_TAG_MAX_M)
+    assert ec.fused_is_default(untagged, m) == (m <= ec.FUSED_MAX_M)
     if cfg.ppf:
         assert "cp.async.bulk.prefetch.L2.global" in ptx
         assert ptx.find("cp.async.bulk.prefetch") < waits[0]
@@ -336,13 +338,13 @@ def test_fused_tagged_handoff_ptx():
 
 def test_fused_wfb_prefetch_ptx():
     """fbpf: the producers bulk-prefetch W_FB into L2 once, after the mma steps of stream
-    iteration NIT - fbpf (the defaults: 3 at m_tile 8, 2 at M = 16), inside the streaming part
+    iteration NIT - fbpf (the m_tile-8 default: 3; run41's M = 16 variant: 2), inside the streaming part
     (after its PDL wait, before the consumers'); the m_tile-8 default stays at <= 80 registers
     through minb 3, without local memory in the PTX."""
     c = ec.default_fused_config(8, NP, 7168, NFA, NQ)
     assert (c.fbpf, c.minb, c.fb_passes) == (3, 3, 1) and c.key().endswith("_tag_wb3_pdl1")
     assert ec.Config.from_dict(c.to_dict()) == c
-    assert ec.default_fused_config(16, NP, 7168, NFA, NQ).fbpf == 2
+    assert ec.default_fused_config(16, NP, 7168, NFA, NQ).fbpf == 0
     assert ec.default_fused_config(12, NP, 7168, NFA, NQ).fbpf == 0
     assert ec.default_fused_config(8, NP, 7168, NFA).fbpf == 0  # untagged: not measured
     assert "fused" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, fbpf=2).check(8, NP, 7168)
@@ -350,7 +352,8 @@ def test_fused_wfb_prefetch_ptx():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     nit = 7168 // 32 // (8 * 4)
-    for cm in (c, ec.default_fused_config(16, NP, 7168, NFA, NQ)):
+    m16 = dataclasses.replace(ec.default_fused_config(16, NP, 7168, NFA, NQ), fbpf=2, minb=3, fb_passes=1)
+    for cm in (c, m16):
         ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
         pfs = [i.start() for i in re.finditer(r"cp\.async\.bulk\.prefetch\.L2\.global", ptx)]
@@ -443,8 +446,9 @@ def test_gpu_fused_step(m):
     big = torch.full((m, NP + 24), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = big[:, 16:16 + NP]
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    # default dispatch (the tagged fused kernel at every M for the tile-aligned f_a; at NQ - 8
-    # the counter-handoff kernel for M <= FUSED_MAX_M, two launches above), then the default
+    # default dispatch (the tagged fused kernel up to FUSED_TAG_MAX_M for the tile-aligned f_a,
+    # two launches above; at NQ - 8 the counter-handoff kernel for M <= FUSED_MAX_M, two
+    # launches above), then the default
     # fused config forced; repeated launches: the counter resets itself
     ref = x.float() @ wp.float().t()
     for a0 in (NQ, NQ - 8):

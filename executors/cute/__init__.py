@@ -35,8 +35,9 @@ arrival word only grows), so CUDA-graph replays need no memset; by default one w
 When f_a's columns are not tile-aligned (no tagged handoff), M > FUSED_MAX_M (8) and no
 explicit ``config``, ``kda_fused_step`` computes the same outputs with TWO launches
 (``skinny_gemm`` over the packed weight, then F_B on the f_a view of ``out``, PDL-chained):
-the counter-handoff fused kernel with m_tile 16 measured 2-3 us slower on the H200
-(``fused_is_default``). ``workspace`` is unused on that path.
+the counter-handoff fused kernel with m_tile 16 measured 2-3 us slower on the H200; with the
+tagged handoff the same holds above FUSED_TAG_MAX_M (14), where two launches measured 0.5 us
+faster (``fused_is_default``). ``workspace`` is unused on that path.
 Split views for the caller: q|k|v|g = out[:, :6144], f_a = out[:, 6144:6272],
 beta = out[:, 6272:6288].
 
@@ -61,6 +62,7 @@ from typing import Any
 
 from .config import (
     FUSED_MAX_M,
+    FUSED_TAG_MAX_M,
     KINDS,
     MAX_M,
     Config,
@@ -92,6 +94,7 @@ __all__ = [
     "compile_fused_for_arch",
     "get_fused_kernel",
     "FUSED_MAX_M",
+    "FUSED_TAG_MAX_M",
     "fused_is_default",
     "tile_weights",
 ]

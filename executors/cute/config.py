@@ -330,14 +330,18 @@ def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int
 # kernel is used up to this M only: above it (m_tile 16) the H200 runs of 2026-11-30 (run5,
 # run8) measured it 2-3 us SLOWER than two launches (packed stream kernel + F_B kernel, PDL
 # chained), and kda_fused_step takes those. With the tagged handoff, fire-and-forget arrivals
-# and the producer prefetch, the m_tile-16 fused kernel is 0.5-1.1 us faster than two launches
-# at M = 9..15 and equal at 16 (run33), so it is used at every M.
+# and the producer prefetch, the m_tile-16 fused kernel was 0.5-1.1 us faster than two launches
+# at M = 9..15 and equal at 16 (run33). Once pdl_wait let the two launches' prologue loads
+# overlap (run47/run48, session 6), two launches are 0.5-0.6 us faster at M = 15, 16 (two
+# sweeps), equal at 14 and 0.3-0.7 us slower at 9..13: the tagged fused kernel is used up to
+# FUSED_TAG_MAX_M.
 FUSED_MAX_M = 8
+FUSED_TAG_MAX_M = 14
 
 
 def fused_is_default(cfg: Config, m: int) -> bool:
     """Whether kda_fused_step runs the default fused config `cfg` at M = m (else two launches)."""
-    return m <= FUSED_MAX_M or cfg.tag == 1
+    return m <= FUSED_MAX_M or cfg.tag == 1 and m <= FUSED_TAG_MAX_M
 
 
 @functools.lru_cache(maxsize=512)  # kda_fused_step asks on every eager call; Config is frozen
@@ -377,17 +381,13 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # find it there: 0.37-0.93 us faster at every M <= 8 than the defaults before (incl.
             # 6 consumer blocks at M <= 4); minb 3 holds it at 80 registers (86 uncapped)
             cfg = dataclasses.replace(cfg, fbpf=3, minb=3)
-        elif m < 16:
+        elif cfg.m_tile == 16:
             # run34/run35 (three sweeps): 6 consumer blocks with two passes each (grid 399: 3
-            # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15, 0-0.2 slower
-            # at 16 (F_B's second pass is on the critical path only when the step is not bound
-            # by the streaming alone)
+            # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15; at 16 equal
+            # or better in run48 (M = 15, 16 take two launches by default: fused_is_default).
+            # The W_FB prefetch (fbpf 2, minb 3: 44 bytes of spills) was 0.4 us faster at M =
+            # 16 in run41 but not after pdl_wait (run48), and slower at 9..15
             cfg = dataclasses.replace(cfg, fb_passes=2)
-        elif nit >= 4:
-            # run41 (two sweeps): at M = 16 the W_FB prefetch after iteration NIT - 2 is 0.4 us
-            # faster (80 registers with minb 3, 44 bytes of spills; uncapped 106), 0.15-0.3 us
-            # slower than two consumer passes at M = 9, 12
-            cfg = dataclasses.replace(cfg, fbpf=2, minb=3)
     return cfg
 
 
