@@ -247,8 +247,8 @@ def main() -> int:
             "weight_sets": NSETS, "seconds": round(time.time() - t0, 1)}
     title = f"KDA decode projections (TP8 shapes), {info.get('device', 'cpu')}, us per layer step (graph replay)"
     notes = ["Targets: compiled <= 1.10x floor (M<=8), <= 1.20x (M<=16), >= 1.25x vs seq, >= 1.0x vs 2-stream torch.",
-             "floor = weight bytes / HBM read bandwidth (2 GiB torch.sum, the higher of a measurement before"
-             " and one after the timings) in the same run."]
+             "floor = weight bytes / HBM read bandwidth (2 GiB torch.sum, best of three medians of 7, the higher"
+             " of a measurement before and one after the timings) in the same run."]
     table = write_report(a.out, a.stem, meta, rows, COLS, title, notes)
     print(table)
     return 0 if all(r["ok"] for r in rows) else 1
