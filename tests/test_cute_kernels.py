@@ -385,11 +385,11 @@ def test_sass_weight_loads_before_pdl_wait():
         for n, k in ((NP, 7168), (144, 7168), (NFB, NFA)):
             c = ec.default_config(m, n, k)
             first = c.rows * c.vec if c.kind == "split_n" else c.unroll * c.tiles
-            cases.append((c.key(), first, ec.sass_for_arch(c, n, k)))
+            cases.append((c.key(), first, ec.compile_for_arch(c, n, k, sass=True)))
     for m in (8, 12, 16):
         c = ec.default_fused_config(m, NP, 7168, NFA, NQ)
         # streaming part: unroll x tiles; consumer part: fb_tiles x K_B/32 (pass 0), after its own wait
-        cases.append((c.key(), c.unroll * c.tiles, ec.fused_sass_for_arch(c, NP, 7168, NQ, NFB, NFA)))
+        cases.append((c.key(), c.unroll * c.tiles, ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, sass=True)))
     for key, first, sass in cases:
         before, waits = loads_before_wait(sass)
         assert before >= first, (key, before, first)

@@ -274,12 +274,17 @@ def get_kernel(cfg: Config, n: int, k: int, arch: str | None = None):
     return memoized((cfg, n, k, arch), lambda: _compile(cfg, n, k, arch))
 
 
-def compile_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a") -> str:
-    """Compile without a GPU and return the PTX text."""
+def compile_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a", sass: bool = False) -> str:
+    """Compile without a GPU and return the PTX text (sass: the SASS, see sass_of)."""
     from . import kernels
 
+    def build(opts):
+        return kernels.compile_tvm_ffi(config, n, k, extra_options=opts)
+
+    if sass:
+        return sass_of(build, arch)
     with _lock:
-        return ptx_of(lambda opts: kernels.compile_tvm_ffi(config, n, k, extra_options=opts), arch)
+        return ptx_of(build, arch)
 
 
 def ptx_of(build, arch: str) -> str:
@@ -342,20 +347,6 @@ def sass_of(build, arch: str = "sm_90a") -> str:
         f = Path(d) / "k.cubin"
         f.write_bytes(cub)
         return subprocess.run([tool, "-c", str(f)], capture_output=True, text=True, check=True).stdout
-
-
-def sass_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a") -> str:
-    from . import kernels
-
-    return sass_of(lambda opts: kernels.compile_tvm_ffi(config, n, k, extra_options=opts), arch)
-
-
-def fused_sass_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb: int,
-                        arch: str = "sm_90a") -> str:
-    from . import kernels
-
-    return sass_of(lambda opts: kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts),
-                   arch)
 
 
 # --------------------------------------------------------------------------------------
@@ -460,12 +451,17 @@ def get_fused_kernel(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int,
 
 
 def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb: int,
-                           arch: str = "sm_90a") -> str:
-    """Compile the fused kernel without a GPU and return the PTX text."""
+                           arch: str = "sm_90a", sass: bool = False) -> str:
+    """Compile the fused kernel without a GPU and return the PTX text (sass: the SASS)."""
     from . import kernels
 
+    def build(opts):
+        return kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts)
+
+    if sass:
+        return sass_of(build, arch)
     with _lock:
-        return ptx_of(lambda opts: kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts), arch)
+        return ptx_of(build, arch)
 
 
 _WS_WORDS = 1 << 14  # 64 KiB: any m_tile <= 16 fused grid needs < 16 KiB
