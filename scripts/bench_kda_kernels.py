@@ -231,19 +231,18 @@ class Problem:
                     for _ in range(NSETS)]
         z = lambda n: [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(NSETS)]  # noqa: E731
         self.y, self.q, self.fab, self.g1 = z(NP), z(NQ), z(NFAB), z(NFB)
-        self._wpt = None
+        self._wpt = {}
         self.aux = torch.cuda.Stream()
         self.ev = [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(64)]
         self.k = 0
 
-    @property
-    def wpt(self):  # the packed weights in the tiled layout (configs with wl=1), made once
-        if self._wpt is None:
-            self._wpt = [ec.tile_weights(w) for w in self.wp]
-        return self._wpt
+    def wpt(self, wl):  # the packed weights in a prepacked layout (configs with wl), made once
+        if wl not in self._wpt:
+            self._wpt[wl] = [ec.tile_weights(w, wl) for w in self.wp]
+        return self._wpt[wl]
 
     def _w(self, cfg):
-        return self.wpt if cfg is not None and cfg.wl else self.wp
+        return self.wpt(cfg.wl) if cfg is not None and cfg.wl else self.wp
 
     def _fork_join(self, i, main_fn, aux_fn):
         cur = torch.cuda.current_stream()
@@ -498,6 +497,14 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (results/kda_kernels/2026-11-30_h200_run46_dx_sweep_{a,b}.md)
     # run48: with pdl_wait (the non-fused kernels' prologue loads now overlap the previous
     # kernel), fused against two launches at M = 9..16 (the e[...] rows)
+    # run49: swapped mma roles (swap = 1, weights prepacked in A-fragment order, wl = 2): the
+    # stream loop's SASS drops from 543 to ~330 instructions at m_tile 8 (no operand moves, half
+    # the mma) and from 641+ to ~400 at 16
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 8}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "fbpf": 3, "minb": 3, "only_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
@@ -506,6 +513,7 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
     # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
     # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
     (2, 8, 4, {"ki": 1}),  # (timed up to run38: t2 without ki, t1/wn2 with and without ki)
+    (2, 8, 4, {"ki": 1, "swap": 1, "wl": 2}),  # run49 (48-64 registers: 4+ blocks/SM)
     # run30: m_tile 16 with 2 warps along N is 44 registers (2 blocks of 512 threads per SM); minb 3
     # (1-2 us slower with 8 bytes of spills, run30)
 ]

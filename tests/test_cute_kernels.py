@@ -615,6 +615,73 @@ def test_tiled_weight_layout():
         assert ptx.find("ld.global.nc.L1::no_allocate") < ptx.find("griddepcontrol.wait")
 
 
+def _mma_m16n8k16(afrag, bfrag):
+    """Reference of one mma.sync m16n8k16 from the 32 lanes' fragments (PTX ISA layout):
+    lane g*4+t holds a0..a3 = A[g][2t:2t+2], A[g+8][2t:2t+2], A[g][2t+8:2t+10], A[g+8][2t+8:2t+10],
+    b0, b1 = B[2t:2t+2][g], B[2t+8:2t+10][g]; returns c0..c3 = C[g][2t], C[g][2t+1], C[g+8][2t],
+    C[g+8][2t+1] per lane."""
+    import torch
+
+    A = torch.zeros(16, 16)
+    B = torch.zeros(16, 8)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        a = afrag[lane].view(4, 2)
+        A[g, 2 * t:2 * t + 2], A[g + 8, 2 * t:2 * t + 2] = a[0], a[1]
+        A[g, 2 * t + 8:2 * t + 10], A[g + 8, 2 * t + 8:2 * t + 10] = a[2], a[3]
+        b = bfrag[lane].view(2, 2)
+        B[2 * t:2 * t + 2, g], B[2 * t + 8:2 * t + 10, g] = b[0], b[1]
+    C = A @ B
+    return [torch.stack([C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]])
+            for g, t in (divmod(lane, 4) for lane in range(32))]
+
+
+def test_swap_layout_feeds_mma_fragments():
+    """swap = 1 / wl = 2: with the weights prepacked by tile_weights(w, 2), the 16 bytes lane
+    g*4+t loads at (tile * K/32 + step) * 1024 + half * 512 + lane * 16 are its A fragment of k16
+    step `half`, the 16 bytes it loads from x row g (columns step*32 + t*8 ..) are its B fragments
+    of both k16 steps, and _acc_entries maps the accumulators back to out[token, n] - checked by
+    emulating the mma on every lane against x @ w^T (CPU, no GPU)."""
+    import torch
+
+    from executors.cute.kernels import _acc_entries
+
+    n, k, mt = 32, 64, 16
+    torch.manual_seed(0)
+    w = torch.randn(n, k).bfloat16().float()
+    x = torch.randn(mt, k).bfloat16().float()
+    packed = ec.tile_weights(w, 2).reshape(-1)  # element offsets = byte offsets / 2
+    assert ec.tile_weights(w, 2).shape == w.shape
+    out = torch.zeros(mt, n)
+    for tile in range(n // 16):
+        acc = [[torch.zeros(4) for _ in range(32)] for _ in range(mt // 8)]
+        for step in range(k // 32):
+            for half in range(2):
+                base = ((tile * (k // 32) + step) * 1024 + half * 512) // 2
+                afrag = [packed[base + lane * 8: base + lane * 8 + 8] for lane in range(32)]
+                for grp in range(mt // 8):
+                    # x row g (+ 8 * grp), the lane's 8 columns: b for k16 step `half` = regs 2*half..
+                    bfrag = [x[grp * 8 + lane // 4, step * 32 + (lane % 4) * 8:][:8][half * 4:half * 4 + 4]
+                             for lane in range(32)]
+                    c = _mma_m16n8k16(afrag, bfrag)
+                    for lane in range(32):
+                        acc[grp][lane] = acc[grp][lane] + c[lane]
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            for ai, ci, r, m, c8 in _acc_entries(2, mt, 1, g, t):
+                out[m, tile * 16 + r * 8 + c8] = acc[ai][lane][ci]
+    torch.testing.assert_close(out, x @ w.t(), rtol=1e-4, atol=1e-4)
+    # the same mapping with x as A (the default roles) covers each output once too
+    seen = {(m, r * 8 + c8) for lane in range(32)
+            for _, _, r, m, c8 in _acc_entries(2, mt, 0, lane // 4, lane % 4)}
+    assert len(seen) == mt * 16
+    with pytest.raises(ValueError, match="N % 16"):
+        ec.tile_weights(torch.zeros(24, 64), 2)
+    assert "swap" in ec.Config("stream", m_tile=8, tiles=1, warps_k=8, unroll=4, swap=1, wl=2).check(8, NP, 7168)
+    assert "swap" in ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, wl=2).check(8, NP, 7168)
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, swap=1, wl=2).check(8, NP, 7168) is None
+
+
 def test_k_interleave_covers_every_step_once():
     """ki = 0: warp wk owns steps [wk*JW, (wk+1)*JW); ki = 1: iteration it of warp wk is steps
     (it*WK + wk)*U .. +U, so per iteration the block's warps read one contiguous run. Both
@@ -689,6 +756,35 @@ def test_gpu_tiled_weights(m):
     torch.cuda.synchronize()
     _check(out, ref, f"fused wl1 M={m}")
     _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), f"fused wl1 g1 M={m}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+def test_gpu_swap_roles(m):
+    """swap = 1 on tile_weights(w, 2): weights as the mma A operand, stream and fused (with the
+    tagged handoff, producer prefetches and the W_FB prefetch), poisoned outputs, fp32 reference,
+    repeated launches on one workspace."""
+    import torch
+
+    x, wp, wb = _fused_inputs(m, 1700 + m)
+    w2 = ec.tile_weights(wp, 2)
+    ref = x.float() @ wp.float().t()
+    mt = 8 if m <= 8 else 16
+    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ec.skinny_gemm(x, w2, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, ki=1, swap=1, wl=2))
+    torch.cuda.synchronize()
+    _check(out, ref, f"stream swap M={m}")
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    base = ec.default_fused_config(m, NP, 7168, NFA, NQ)
+    for cfg in (dataclasses.replace(base, swap=1, wl=2), dataclasses.replace(base, swap=1, wl=2, fb_passes=1)):
+        for _ in range(3):
+            out.fill_(float("nan"))
+            g1.fill_(float("nan"))
+            ec.kda_fused_step(x, w2, wb, out, g1, fa_col=NQ, config=cfg)
+            torch.cuda.synchronize()
+            _check(out, ref, f"fused {cfg.key()} M={m}")
+            _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused {cfg.key()} g1 M={m}")
 
 
 def test_kernel_cache_key_ignores_comments(tmp_path):

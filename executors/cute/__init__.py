@@ -352,12 +352,24 @@ def sass_of(build, arch: str = "sm_90a") -> str:
 # --------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------
-def tile_weights(w):
-    """The tiled weight layout read by configs with ``wl=1``: [N, K] bf16 (N % 8 == 0,
-    K % 32 == 0) rearranged so each (8-row tile, 32-wide K step) is 512 contiguous bytes in
-    the order the mma lanes load them (lane g*4+t: row g, columns t*8..t*8+8). Returned with
-    the same [N, K] shape; a one-time preprocessing of a weight, like any prepacked layout."""
+def tile_weights(w, wl: int = 1):
+    """A prepacked weight layout read by configs with ``wl`` = 1 or 2, from [N, K] bf16
+    (K % 32 == 0), returned with the same [N, K] shape; a one-time preprocessing of a weight,
+    like any prepacked layout.
+
+    wl = 1 (N % 8 == 0): each (8-row tile, 32-wide K step) is 512 contiguous bytes in the order
+    the mma lanes load them as the B operand (lane g*4+t: row g, columns t*8..t*8+8).
+    wl = 2 (N % 16 == 0; configs with ``swap``, weights as the mma A operand): each (16-row tile,
+    32-wide K step) is 1 KB, two 512-byte halves (the two k16 mma steps), lane g*4+t holding 16
+    bytes of each: rows g and g + 8 of columns p, p+1 (a0, a1) and p+2, p+3 (a2, a3), p = t*8
+    (first half) or t*8 + 4 (second half): each 128-bit load is one A fragment, no register moves."""
     n, k = w.shape
+    if wl == 2:
+        if n % 16 or k % 32:
+            raise ValueError(f"tile_weights(wl=2) needs N % 16 == 0 and K % 32 == 0, got {tuple(w.shape)}")
+        # [tile, h(row g / g+8), g, step, t, kk(k16 half), j(a0|a2), e] -> [tile, step, kk, g, t, j, h, e]
+        v = w.reshape(n // 16, 2, 8, k // 32, 4, 2, 2, 2)
+        return v.permute(0, 3, 5, 2, 4, 6, 1, 7).contiguous().view(n, k)
     if n % 8 or k % 32:
         raise ValueError(f"tile_weights needs N % 8 == 0 and K % 32 == 0, got {tuple(w.shape)}")
     return w.reshape(n // 8, 8, k // 32, 32).permute(0, 2, 1, 3).contiguous().view(n, k)
@@ -366,7 +378,7 @@ def tile_weights(w):
 def skinny_gemm(x, w, out=None, config: Config | None = None):
     """out[M, N] = x[M, K] @ w[N, K]^T on torch's current stream.
 
-    With a ``wl=1`` config, w must be in the tiled layout (tile_weights(w)).
+    With a ``wl`` = 1 or 2 config, w must be in that layout (tile_weights(w, wl)).
 
     x may be a strided row view (stride(1) == 1, stride(0) % 8 == 0, 16-byte aligned),
     e.g. f_a read in place from the F_A/beta output. out may be a column slice of a

@@ -60,6 +60,10 @@ class Config:
     # (8-row tile, 32-wide K step) is one 512-byte block in the order the warp's lanes load it,
     # so every warp streams whole contiguous blocks instead of 8 rows x 64 bytes
     wl: int = 0
+    # tensor-core kinds: operand roles. 0 = x is the mma A operand (token rows g, g + 8) and 8
+    # weight rows are B; 1 = 16 weight rows are A (prepacked fragment order, wl = 2) and x is B
+    # (8 tokens per mma): no register moves to build the A quads, half the mma at m_tile 8
+    swap: int = 0
     # tensor-core kinds: K order across the warps_k warps. 0 = warp wk owns one contiguous K
     # slice; 1 = interleaved: per iteration the block's warps read one contiguous run of
     # warps_k * unroll * 64 bytes of every weight row (DRAM page locality; see _k_steps)
@@ -89,6 +93,8 @@ class Config:
         s = ""
         if self.wl:
             s += f"_wl{self.wl}"
+        if self.swap:
+            s += "_sw"
         if self.ki:
             s += "_ki"
         if self.minb:
@@ -182,11 +188,14 @@ class Config:
             return "minb * threads must be <= 2048 and carve in -1..100"
         if self.pf < 0:
             return "pf must be >= 0"
-        if self.wl not in (0, 1):
-            return "wl must be 0 (row-major) or 1 (tiled)"
+        if self.wl not in (0, 1, 2):
+            return "wl must be 0 (row-major), 1 (tiled) or 2 (A-fragment order)"
+        if (self.swap or self.wl == 2) and not (self.swap == 1 and self.wl == 2 and self.tiles % 2 == 0
+                                                and n % 16 == 0 and self.pf == 0 and self.kind != "split_k"):
+            return "swap = 1 goes with wl = 2: even tiles, N % 16 == 0, pf == 0, stream or fused"
         if self.ki not in (0, 1) or self.ki and self.pf:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
-        if self.wl and (n % 8 or self.pf or self.ppf):
+        if self.wl == 1 and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
         knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):

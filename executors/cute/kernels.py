@@ -339,10 +339,14 @@ def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL
 
     Row-major: row (tile row + g), columns step0*32 + t*8 .. +8. Tiled (tile_weights): the
     (tile, step) block is 512 contiguous bytes in lane order, so the lane's vector is at
-    ((tile * K/32 + step) * 32 + lane) * 16. Rows/tiles past N are clamped (outputs dropped)."""
+    ((tile * K/32 + step) * 32 + lane) * 16. wl = 2 (swap): entries r = 2j, 2j + 1 are the two
+    k16 A fragments of 16-row tile j. Rows/tiles past N are clamped (outputs dropped)."""
     out = []  # plain Python loop/if: this helper is traced, not AST-rewritten like a kernel body
     for r in range(R):
-        if WL == 1:
+        if WL == 2:  # (16-row tile, step) blocks of 1 KB; n8 tile r is half r % 2 of 16-row tile r // 2
+            tile = _imin(n_tile0 // 16 + r // 2, N // 16 - 1)
+            out.append(w_base + (Int64(tile) * (K // 32) + Int64(step0)) * 1024 + Int64((r % 2) * 512 + lane * 16))
+        elif WL == 1:
             tile = _imin(n_tile0 // 8 + r, N // 8 - 1)
             out.append(w_base + (Int64(tile) * (K // 32) + Int64(step0)) * 512 + Int64(lane * 16))
         else:
@@ -387,14 +391,17 @@ def _k_steps(wk, WK: int, U: int, JW: int, KI: int):
 
 
 def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
-                MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None, DX: int = 0):
+                MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None, DX: int = 0,
+                SWAP: int = 0):
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
     loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx): an L2
     bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf).
-    Returns this lane's R accumulators."""
+    Returns this lane's accumulators (see _acc_entries for their layout).
+    SWAP: the weights (two 16-byte A fragments per 16-row tile and step) are the A operand and
+    x row g (+ 8) the B operand: (R // 2) x (MT // 8) accumulators."""
     x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS, DX)
-    acc = [[Float32(0.0)] * 4 for _ in range(R)]
+    acc = [[Float32(0.0)] * 4 for _ in range(R // 2 * (MT // 8) if SWAP else R)]
     for it in range(NIT):
         if PF > 0 and it + PF < NIT:
             _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
@@ -403,6 +410,13 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
             x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS, DX)
         for u in range(U):
             xg, xh = x_cur[u]
+            if SWAP:
+                for j in range(R // 2):
+                    a = list(w_cur[u * R + 2 * j]) + list(w_cur[u * R + 2 * j + 1])
+                    for grp, xv in enumerate((xg, xh)[:MT // 8]):
+                        i = j * (MT // 8) + grp
+                        acc[i] = mma_k32(a, xv, acc[i])
+                continue
             a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
             for r in range(R):
                 acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
@@ -415,6 +429,26 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
             w_cur = w_nxt
             x_cur = x_nxt
     return acc
+
+
+def _acc_entries(R: int, MT: int, SWAP: int, g, t):
+    """(accumulator, component, n8 tile r, token row m, column c within the tile) of every
+    accumulator value of this lane, for both operand roles: x as A (acc[r][2h + e] = token
+    g + 8h, column 2t + e) or, with SWAP, the weights as A (acc[j * MT/8 + grp][2h + e] = weight
+    row g + 8h of 16-row tile j, i.e. n8 tile 2j + h column g, and token grp * 8 + 2t + e)."""
+    out = []
+    if SWAP:
+        for j in range(R // 2):
+            for grp in range(MT // 8):
+                for h in range(2):
+                    for e in range(2):
+                        out.append((j * (MT // 8) + grp, 2 * h + e, 2 * j + h, grp * 8 + 2 * t + e, g))
+    else:
+        for r in range(R):
+            for h in range(MT // 8):
+                for e in range(2):
+                    out.append((r, 2 * h + e, r, g + 8 * h, 2 * t + e))
+    return out
 
 
 def build_tc(cfg: Config, n: int, k: int):
@@ -434,7 +468,8 @@ def build_tc(cfg: Config, n: int, k: int):
     PF = cfg.pf
     KI = cfg.ki
     WL = cfg.wl
-    W_STEP = 512 if WL else 64  # bytes between a lane's consecutive 32-wide K steps
+    W_STEP = (64, 512, 1024)[WL]  # bytes between a lane's consecutive 32-wide K steps
+    SWAP = cfg.swap
     N = n
     K = k
 
@@ -470,25 +505,23 @@ def build_tc(cfg: Config, n: int, k: int):
         x_base = mX.iterator.toint()
         koff = Int64((ks0 * 32 + t * 8) * 2)
         xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
-        acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS)
+        acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
+                          None, 0, SWAP)
 
+        ents = _acc_entries(R, MT, SWAP, g, t)
         if cutlass.const_expr(WK == 1):
-            for r in cutlass.range_constexpr(R):
-                for h in cutlass.range_constexpr(MT // 8):
-                    m = g + 8 * h
-                    for e in cutlass.range_constexpr(2):
-                        col = n_tile0 + r * 8 + 2 * t + e
-                        if m < m_rows:
-                            if col < N:
-                                mO[m, col] = acc[r][2 * h + e].to(BFloat16)
+            for q in cutlass.range_constexpr(len(ents)):
+                ai, ci, r, m, c8 = ents[q]
+                col = n_tile0 + r * 8 + c8
+                if m < m_rows:
+                    if col < N:
+                        mO[m, col] = acc[ai][ci].to(BFloat16)
         else:
             smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-            for r in cutlass.range_constexpr(R):
-                for h in cutlass.range_constexpr(MT // 8):
-                    for e in cutlass.range_constexpr(2):
-                        idx = ((wk * WN + wn) * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
-                        red[idx] = acc[r][2 * h + e]
+            for q in cutlass.range_constexpr(len(ents)):
+                ai, ci, r, m, c8 = ents[q]
+                red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
                 idx = tid + p * NTHR
@@ -646,7 +679,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     PF = cfg.pf
     KI = cfg.ki
     WL = cfg.wl
-    W_STEP = 512 if WL else 64
+    W_STEP = (64, 512, 1024)[WL]
+    SWAP = cfg.swap
     PPF = cfg.ppf
     TAG = cfg.tag
     DBG = cfg.dbg
@@ -699,7 +733,15 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
             if cutlass.const_expr(PPF > 0):
                 if sb < P:
-                    _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
+                    if cutlass.const_expr(WL == 2):
+                        # the warp column's 16-row tiles are one contiguous region: a quarter of
+                        # warp wk's WK-th part per lane 0..3
+                        part = (R // 2) * (K // 32) * 1024 // WK
+                        reg = w_base + Int64(n_tile0 // 16) * ((K // 32) * 1024)
+                        prefetch_l2_bulk(reg + Int64(wk * part) + Int64(lane * (part // 4)),
+                                         Int32(part // 4), lane, 4)
+                    else:
+                        _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
             w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
                 pdl_wait(tid)
@@ -729,13 +771,12 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if cutlass.const_expr(FBPF > NIT):  # before the loop (it = -1)
                     prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
             acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
-                              hook, cfg.dx)
+                              hook, cfg.dx, SWAP)
 
-            for r in cutlass.range_constexpr(R):
-                for h in cutlass.range_constexpr(MT // 8):
-                    for e in cutlass.range_constexpr(2):
-                        idx = ((wk * WN + wn) * R + r) * (MT * 8) + (g + 8 * h) * 8 + 2 * t + e
-                        red[idx] = acc[r][2 * h + e]
+            ents = _acc_entries(R, MT, SWAP, g, t)
+            for q in cutlass.range_constexpr(len(ents)):
+                ai, ci, r, m, c8 = ents[q]
+                red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
                 idx = tid + p * NTHR
