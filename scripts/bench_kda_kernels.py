@@ -425,7 +425,7 @@ def fused_candidates(m):
 
 
 def needed_fused():
-    need = {ec.default_fused_config(m, NP, H, NFA, NQ) for m in range(1, 17)}
+    need = {ec.default_fused_config(m, NP, H, NFA, NQ, swap) for m in range(1, 17) for swap in (False, True)}
     for m in (8, 16):
         need.update(fused_candidates(m))
     return sorted(need, key=lambda c: c.key())

@@ -680,6 +680,12 @@ def test_swap_layout_feeds_mma_fragments():
     assert "swap" in ec.Config("stream", m_tile=8, tiles=1, warps_k=8, unroll=4, swap=1, wl=2).check(8, NP, 7168)
     assert "swap" in ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, wl=2).check(8, NP, 7168)
     assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, swap=1, wl=2).check(8, NP, 7168) is None
+    # defaults with a prepacked weight (run49): swap at both m_tiles, fused at every M
+    for m in (1, 8, 9, 16):
+        c = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
+        assert (c.swap, c.wl, c.fb_passes, c.fbpf) == (1, 2, 1, 3 if m <= 8 else 0), c.key()
+        assert ec.fused_is_default(c, m) and ec.check_fused(c, m, NP, 7168, NQ, NFB, NFA) is None
+    assert ec.default_fused_config(8, NP, 7168, NFA, None, True).swap == 0  # untagged: no swap
 
 
 def test_k_interleave_covers_every_step_once():
@@ -776,6 +782,14 @@ def test_gpu_swap_roles(m):
     torch.cuda.synchronize()
     _check(out, ref, f"stream swap M={m}")
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    # the default dispatch with the prepacked weight passed (swap at every M)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g1.fill_(float("nan"))
+        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, w_swap=w2)
+        torch.cuda.synchronize()
+        _check(out, ref, f"fused w_swap M={m}")
+        _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused w_swap g1 M={m}")
     base = ec.default_fused_config(m, NP, 7168, NFA, NQ)
     for cfg in (dataclasses.replace(base, swap=1, wl=2), dataclasses.replace(base, swap=1, wl=2, fb_passes=1)):
         for _ in range(3):

@@ -46,3 +46,10 @@ def test_fused_chain_matches_reference_on_gpu():
         for k in out:
             cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
             assert cos > 0.999, (m, k, float(cos))
+    # the chain keeps the packed weight a second time in the A-fragment layout (swapped mma
+    # roles); writing the plan weight in place must not leave that copy stale
+    w["w_packed"].copy_(torch.randn_like(w["w_packed"]) / 64)
+    out, r = ex(**inputs), ref(**inputs)
+    for k in out:
+        cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
+        assert cos > 0.999, ("after an in-place weight update", k, float(cos))

@@ -349,17 +349,21 @@ FUSED_TAG_MAX_M = 14
 
 
 def fused_is_default(cfg: Config, m: int) -> bool:
-    """Whether kda_fused_step runs the default fused config `cfg` at M = m (else two launches)."""
-    return m <= FUSED_MAX_M or cfg.tag == 1 and m <= FUSED_TAG_MAX_M
+    """Whether kda_fused_step runs the default fused config `cfg` at M = m (else two launches).
+    With swapped mma roles (a prepacked weight given) the fused kernel wins at every M (run49)."""
+    return m <= FUSED_MAX_M or cfg.tag == 1 and (m <= FUSED_TAG_MAX_M or cfg.swap == 1)
 
 
 @functools.lru_cache(maxsize=512)  # kda_fused_step asks on every eager call; Config is frozen
-def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None = None) -> Config:
+def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None = None,
+                         swap: bool = False) -> Config:
     """Fused whole-step config. With the f_a column a0 given and tile-aligned, consumers take
     f_a through tagged pairs (tag = 1; H200 run23/run24/run32/run33: 0.4 us faster at M = 8,
     equal at M = 1, 2-3 us faster at m_tile 16) and the producers prefetch their weights into
     L2 (ppf); the warps of a block interleave their K steps (ki, run29). Without tag, M >
-    FUSED_MAX_M gets this config only when passed explicitly (see fused_is_default)."""
+    FUSED_MAX_M gets this config only when passed explicitly (see fused_is_default).
+    swap: the caller also holds the weight in the A-fragment layout (tile_weights(w, 2)); with
+    the tagged handoff the config then swaps the mma roles (run49)."""
     base = default_config(m, n, k)
     if base.kind != "stream":
         raise ValueError(f"no fused config for N={n} K={k} (kind {base.kind})")
@@ -390,7 +394,13 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # find it there: 0.37-0.93 us faster at every M <= 8 than the defaults before (incl.
             # 6 consumer blocks at M <= 4); minb 3 holds it at 80 registers (86 uncapped)
             cfg = dataclasses.replace(cfg, fbpf=3, minb=3)
-        elif cfg.m_tile == 16:
+        if swap and n % 16 == 0 and cfg.tiles % 2 == 0:
+            # run49 (two sweeps): weights as the mma A operand (no register moves, half the mma at
+            # m_tile 8): m_tile 16 with one consumer pass 22.7-23.6 us at M = 9..16, 1.3-1.5 us
+            # faster than the defaults before (two launches at 15, 16); the W_FB prefetch helps at
+            # m_tile 8 (0.2-0.3 us at M = 4..8) and at M = 9 only, two passes are slower
+            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1)
+        if cfg.m_tile == 16:
             # run34/run35 (three sweeps): 6 consumer blocks with two passes each (grid 399: 3
             # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15; at 16 equal
             # or better in run48 (M = 15, 16 take two launches by default: fused_is_default).
