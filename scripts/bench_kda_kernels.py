@@ -101,6 +101,13 @@ def correctness(ms, graph=True):
         res["fused_kernel_out"] = check(yf, ref, f"fused kernel out M={m}")
         res["fused_kernel_g1"] = check(g1f, ref[:, NQ:NQ + NFA] @ wfb.float().t(),
                                        f"fused kernel g1 M={m}")
+        # swapped mma roles on the prepacked weight (what the compiled plan's chain runs)
+        yf.fill_(float("nan"))
+        g1f.fill_(float("nan"))
+        ec.kda_fused_step(x, wp, wfb, yf, g1f, fa_col=NQ, w_swap=ec.tile_weights(wp, 2))
+        torch.cuda.synchronize()
+        res["fused_swap_out"] = check(yf, ref, f"fused swap out M={m}")
+        res["fused_swap_g1"] = check(g1f, ref[:, NQ:NQ + NFA] @ wfb.float().t(), f"fused swap g1 M={m}")
         if graph:
             # fused: captured twice in one graph on a side stream (self-reset within a
             # replay), replayed three times with fresh x and poisoned outputs
