@@ -44,9 +44,12 @@ def _chain_of(cp, steps_by_id, st_b):
     return st_a, sum(widths[:idx])
 
 
-def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None) -> list[tuple[str, str]]:
+def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None, prepacked: dict | None = None
+                     ) -> list[tuple[str, str]]:
     """Rewire eligible chains in place; returns [(first gemm id, second gemm id)].
-    `prefs` (the executor's backend_prefs) without "cute" turns the peephole off."""
+    `prefs` (the executor's backend_prefs) without "cute" turns the peephole off. With a
+    `prepacked` dict, a chain whose first weight fits keeps that weight a second time in the
+    A-fragment layout (swapped mma roles) and records {weight name: bytes} there."""
     if device.type != "cuda" or (prefs is not None and "cute" not in prefs):
         return []
     from . import cute
@@ -60,9 +63,13 @@ def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None) -> list[tuple
             continue
         st_a, fa_col = found
         w_fb = weights[cp.graph.nodes[st_b.id]["op"].b]
-        w_a = weights[cp.graph.nodes[st_a.id]["op"].b]
-        swappable = w_a.dim() == 2 and w_a.shape[0] % 16 == 0 and w_a.shape[1] % 32 == 0
-        _rewire(st_a, st_b, w_fb, fa_col, cute, w_a if swappable and w_a.is_contiguous() else None)
+        name_a = cp.graph.nodes[st_a.id]["op"].b
+        w_a = weights[name_a]
+        swappable = (prepacked is not None and w_a.dim() == 2 and w_a.shape[0] % 16 == 0
+                     and w_a.shape[1] % 32 == 0 and w_a.is_contiguous())
+        _rewire(st_a, st_b, w_fb, fa_col, cute, w_a if swappable else None)
+        if swappable:
+            prepacked[name_a] = w_a.numel() * w_a.element_size()
         done.append((st_a.id, st_b.id))
     return done
 

@@ -312,7 +312,7 @@ def _check_weights(cp, weights, device):
 
 def build_executor(compiled, weights: dict, *, group=None, device=None, externs: dict | None = None,
                    backend_prefs=None, tuning: dict | str | None = None, trace: bool = False,
-                   agree: bool = True) -> Executor:
+                   agree: bool = True, prepack: bool = True) -> Executor:
     """Lower `compiled` (planner.graph.Compiled) to an Executor.
 
     group: a torch.distributed process group for every plan group, or {plan group: pg};
@@ -322,6 +322,10 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     backend_prefs: backend priority for ops with backend 'auto' (default: cute, p2p, torch; flashinfer on request).
     tuning: {name: int} or a JSON file overriding plan.tuned (the limits gates read as tuned.NAME).
     agree: all-gather the plan hash before anything runs when the plan has collectives.
+    prepack: a fused gemm chain (the KDA packed projection) may keep its first weight a second
+      time in the mma-fragment layout of the swapped-role kernel; the bytes are in
+      ex.prepacked_bytes ({weight: bytes}). False keeps no copy (the kernel then runs the
+      non-swapped roles: 0.3-1.5 us slower per step on H200, run49).
     """
     cp = compiled
     plan = cp.plan
@@ -371,7 +375,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         from .tune import apply_tuning
         apply_tuning(ex, tuning_file)  # measured backend/config per gemm signature and M
     from .gemm_chain import fuse_gemm_chains
-    fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs)  # one-launch gemm -> slice -> gemm
+    ex.prepacked_bytes = {}
+    # one-launch gemm -> slice -> gemm
+    fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs, ex.prepacked_bytes if prepack else None)
     ex.backends = {s.id: s.backend for s in steps}
     return ex
 

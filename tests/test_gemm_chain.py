@@ -40,6 +40,7 @@ def test_fused_chain_matches_reference_on_gpu():
         inputs, w = make_data(plan, {"num_tokens": m}, seed=m, rank=0, device="cuda")
         ex = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda")
         assert ex.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
+        assert ex.prepacked_bytes == {"w_packed": w["w_packed"].numel() * 2}
         ref = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
                              backend_prefs=("torch",))
         out, r = ex(**inputs), ref(**inputs)
@@ -47,7 +48,15 @@ def test_fused_chain_matches_reference_on_gpu():
             cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
             assert cos > 0.999, (m, k, float(cos))
     # the chain keeps the packed weight a second time in the A-fragment layout (swapped mma
-    # roles); writing the plan weight in place must not leave that copy stale
+    # roles); writing the plan weight in place must not leave that copy stale; prepack=False
+    # keeps no copy and gives the same results
+    plain = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
+                           prepack=False)
+    assert plain.prepacked_bytes == {} and plain.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
+    out, r = plain(**inputs), ref(**inputs)
+    for k in out:
+        cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
+        assert cos > 0.999, ("prepack=False", k, float(cos))
     w["w_packed"].copy_(torch.randn_like(w["w_packed"]) / 64)
     out, r = ex(**inputs), ref(**inputs)
     for k in out:
