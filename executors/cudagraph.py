@@ -48,6 +48,25 @@ class GraphedExecutor:
         self.graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs, variants)
         self.last_variants: dict[str, str] = {}
         self.last_bucket: int | None = None
+        # plan weights the executor keeps a derived copy of (a fused gemm chain's prepacked
+        # weight): a graph replays the copy it captured, so an in-place write to such a weight
+        # (its version counter moves) drops the graphs and the next call captures them again
+        self._watch = {n: executor._weights[n] for n in getattr(executor, "prepacked_bytes", {})}
+        self._versions = self._weight_versions()
+
+    def _weight_versions(self) -> dict:
+        return {n: w._version for n, w in self._watch.items()}
+
+    def _drop_if_weights_changed(self) -> bool:
+        """True (and every captured graph dropped) if a watched weight was written in place."""
+        if not self._watch:
+            return False
+        now = self._weight_versions()
+        if now == self._versions:
+            return False
+        self.graphs.clear()
+        self._versions = now
+        return True
 
     def bucket_for(self, n: int) -> int:
         for b in self.buckets:
@@ -90,6 +109,7 @@ class GraphedExecutor:
 
     def __call__(self, dims: dict | None = None, **inputs):
         ex = self.ex
+        self._drop_if_weights_changed()
         b = ex._solver.solve(inputs, dims)
         n = b[self.dim]
         bk = self.bucket_for(n)

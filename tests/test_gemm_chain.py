@@ -29,6 +29,25 @@ def test_chain_found_in_packed_variant_only():
     assert got["kda_projection.0/packed/proj"] is None
 
 
+def test_graphs_dropped_when_a_prepacked_weight_is_written():
+    """GraphedExecutor replays the prepacked copy it captured: an in-place write to a weight
+    the executor keeps a derived copy of (version counter) drops the captured graphs."""
+    from executors.cudagraph import GraphedExecutor
+
+    g = object.__new__(GraphedExecutor)  # the CUDA parts of __init__ are not needed here
+    w = torch.zeros(4)
+    g._watch, g.graphs = {"w_packed": w}, {("num_tokens", 8): "graph"}
+    g._versions = g._weight_versions()
+    assert not g._drop_if_weights_changed() and g.graphs
+    w.add_(1)
+    assert g._drop_if_weights_changed() and not g.graphs
+    g.graphs[("num_tokens", 8)] = "graph again"
+    assert not g._drop_if_weights_changed() and g.graphs
+    g._watch = {}
+    w.add_(1)
+    assert not g._drop_if_weights_changed()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fused_chain_matches_reference_on_gpu():
@@ -50,6 +69,16 @@ def test_fused_chain_matches_reference_on_gpu():
     # the chain keeps the packed weight a second time in the A-fragment layout (swapped mma
     # roles); writing the plan weight in place must not leave that copy stale; prepack=False
     # keeps no copy and gives the same results
+    # the same through a captured graph: a weight write after capture drops the graph
+    from executors.cudagraph import GraphedExecutor
+    ge = GraphedExecutor(ex, buckets=[16])
+    before = ge(**inputs)["g1"].clone()
+    w["w_packed"].copy_(torch.randn_like(w["w_packed"]) / 64)
+    after, r = ge(**inputs), ref(**inputs)
+    assert not torch.equal(before, after["g1"])
+    for k in after:
+        cos = torch.nn.functional.cosine_similarity(after[k].float().flatten(), r[k].float().flatten(), dim=0)
+        assert cos > 0.999, ("graph after an in-place weight update", k, float(cos))
     plain = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
                            prepack=False)
     assert plain.prepacked_bytes == {} and plain.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
