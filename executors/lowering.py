@@ -325,7 +325,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     prepack: a fused gemm chain (the KDA packed projection) may keep its first weight a second
       time in the mma-fragment layout of the swapped-role kernel; the bytes are in
       ex.prepacked_bytes ({weight: bytes}). False keeps no copy (the kernel then runs the
-      non-swapped roles: 0.3-1.5 us slower per step on H200, run49).
+      non-swapped roles: 0.3-1.5 us slower per step on H200, run49). The copy is remade when the
+      weight is written in place; a CUDA graph captured by hand keeps replaying the copy it
+      captured, so re-capture after such a write (GraphedExecutor does that itself).
     """
     cp = compiled
     plan = cp.plan
