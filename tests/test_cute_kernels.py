@@ -782,23 +782,20 @@ def test_gpu_swap_roles(m):
     torch.cuda.synchronize()
     _check(out, ref, f"stream swap M={m}")
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
-    # the default dispatch with the prepacked weight passed (swap at every M)
-    for _ in range(2):
-        out.fill_(float("nan"))
-        g1.fill_(float("nan"))
-        ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, w_swap=w2)
-        torch.cuda.synchronize()
-        _check(out, ref, f"fused w_swap M={m}")
-        _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused w_swap g1 M={m}")
+    # the default dispatch with the prepacked weight passed (swap at every M), then swap configs
+    # forced on the prepacked weight
     base = ec.default_fused_config(m, NP, 7168, NFA, NQ)
-    for cfg in (dataclasses.replace(base, swap=1, wl=2), dataclasses.replace(base, swap=1, wl=2, fb_passes=1)):
+    runs = [("w_swap", wp, {"w_swap": w2})] + [
+        (c.key(), w2, {"config": c})
+        for c in (dataclasses.replace(base, swap=1, wl=2), dataclasses.replace(base, swap=1, wl=2, fb_passes=1))]
+    for tag, w, kw in runs:
         for _ in range(3):
             out.fill_(float("nan"))
             g1.fill_(float("nan"))
-            ec.kda_fused_step(x, w2, wb, out, g1, fa_col=NQ, config=cfg)
+            ec.kda_fused_step(x, w, wb, out, g1, fa_col=NQ, **kw)
             torch.cuda.synchronize()
-            _check(out, ref, f"fused {cfg.key()} M={m}")
-            _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused {cfg.key()} g1 M={m}")
+            _check(out, ref, f"fused {tag} M={m}")
+            _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused {tag} g1 M={m}")
 
 
 def test_kernel_cache_key_ignores_comments(tmp_path):
