@@ -65,6 +65,9 @@ class GraphedExecutor:
         if now == self._versions:
             return False
         self.graphs.clear()
+        # a fresh pool at the next capture: torch releases a private pool once no graph holds
+        # it, and capturing into the released handle trips an allocator assert (H200 run50)
+        self.pool = None
         self._versions = now
         return True
 
@@ -96,6 +99,8 @@ class GraphedExecutor:
                 ex(dims=dict(bindings), **static_in)
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
             static_out = ex(dims=dict(bindings), **static_in)
         entry = (graph, static_in, static_out, dict(ex.last_variants))

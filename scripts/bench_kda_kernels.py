@@ -465,7 +465,7 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed up to run38) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
     # run29: K interleaved across the warps (ki: per iteration a block reads one contiguous
     # 2 KB run of each weight row instead of 8 runs of 256 bytes; same register count)
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1}),
+    # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1}),
     # run30: 2 warps along N (x slices shared through L1) capped at 40 registers (minb 3) so that
     # 3 blocks of 512 threads fit (61 registers uncapped: 2 blocks/SM; 64-72 bytes spill)
     # (both 1.5-7 us slower: run30)
@@ -476,7 +476,7 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (tag 2 then became the only tag scheme: 0.5-2 us faster at m_tile 16, 0-0.15 at 8)
     # (timed up to run38) (2, 8, 4, 2, 1, {"tag": 1}),
     # run34: 6 consumer blocks (grid 399: 3 blocks past one wave instead of 9) with the new epoch
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
+    # (timed up to run49) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
     # run39 (session 6): consumers rereading the epoch inside the poll (pe: one round trip, not
     # two, once f_a is there): equal at m_tile 8, 0.5-1 us slower at 16. Producers prefetching
     # W_FB into L2 with evict_last before their stream loop: 1.5-2.5 us slower; one or two
@@ -496,7 +496,7 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # m_tile. The m_tile-16 kernel forced at M = 1: 23.4-23.5 us against 21.3-21.4 for m_tile 8,
     # so its ~2 us are structural (x row pairs per lane, not the x bytes: at M = 1 all rows are
     # one row) (results/kda_kernels/2026-11-30_h200_run44_xld_sweep_{a,b}.md)
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
+    # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
     # run45 (two sweeps): the shared-memory carveout (knob carve: 14 / 28 / 44 % at m_tile 8, 0 /
     # 14 at 16) changes nothing (results/kda_kernels/2026-11-30_h200_run45_carve_sweep_{a,b}.md)
     # run46 (two sweeps): the m_tile-16 kernel at M = 1 / 4 / 8 is 2.1 / 2.1 / 1.9 us slower than
@@ -509,9 +509,29 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # the mma) and from 641+ to ~400 at 16
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "only_mt": 8}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 8}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
+    # (timed up to run49) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "fbpf": 3, "minb": 3, "only_mt": 16}),
+    # run50 (session 7): where the m_tile-16 swapped kernel's 1.1-1.9 us over m_tile 8 go: forced
+    # at M = 8 with and without its second x load (dx), 32 weight rows per warp (t4: each x
+    # fragment feeds two A tiles, half the x loads, 197 stream blocks), 2 warps along N sharing x
+    # through L1, half the unroll, the register cap alone
+    # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "force_mt": 16, "only_mt": 8}),
+    # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "dx": 1, "force_mt": 16, "only_mt": 8}),
+    # (timed in run50) (4, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
+    # (timed in run50) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 2, "only_mt": 16}),
+    # (timed in run50) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
+    # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
+    # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "fbpf": 3, "minb": 3, "only_mt": 16}),
+    # run50 (two sweeps, results/kda_kernels/2026-11-30_h200_run50_*): forced m_tile 16 at M = 8 is
+    # 1.0 us slower than m_tile 8, 0.2 without its second x load (dx); t4 and wn2 (197 stream
+    # blocks: uneven per SM) 1.7-9 us slower; u2 0.4-0.5 faster at M = 9, slower at 16; the register
+    # cap alone (minb 3: 76 -> 78 registers, same instruction count, other schedule) 0.7-1.1 us
+    # faster at M = 9, 12 and 0.3-0.7 at 16. run51: minb 3 at every M = 9..16, with u2, the W_FB
+    # prefetch and two consumer passes
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
+    (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 2, "only_mt": 16}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
@@ -520,7 +540,7 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
     # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
     # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
     (2, 8, 4, {"ki": 1}),  # (timed up to run38: t2 without ki, t1/wn2 with and without ki)
-    (2, 8, 4, {"ki": 1, "swap": 1, "wl": 2}),  # run49 (48-64 registers: 4+ blocks/SM)
+    # (timed up to run49) (2, 8, 4, {"ki": 1, "swap": 1, "wl": 2}),  # run49 (48-64 registers: 4+ blocks/SM)
     # run30: m_tile 16 with 2 warps along N is 44 registers (2 blocks of 512 threads per SM); minb 3
     # (1-2 us slower with 8 bytes of spills, run30)
 ]

@@ -45,6 +45,17 @@ CASES = [  # (M, extra config fields)
     (12, dict(m_tile=16, ppf=1, tag=1, ki=1, fb_passes=2)),
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, fbpf=2, minb=3)),
     (9, dict(m_tile=16, ppf=1, tag=1, ki=1)),
+    # session 7: the swapped-role defaults (weights prepacked, wl = 2) at M = 8 (m_tile 8) and
+    # m_tile 16 at M = 8, 9, 16 (where do the 1.1-1.9 us between the two go?), and M = 9 with the
+    # W_FB prefetch
+    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2)),
+    (8, dict(m_tile=16, ppf=1, tag=1, ki=1, swap=1, wl=2)),
+    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, swap=1, wl=2)),
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, swap=1, wl=2)),
+    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2)),
+    # run51: the m_tile-16 default with minb 3 (run50: 0.3-1.1 us faster than without)
+    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
 ]
 
 
@@ -94,6 +105,7 @@ def run(m, cfg, steps=20):
     grid = t_all + c
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     wps = [torch.randn(NP, H, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(4)]
+    wks = [ec.tile_weights(w, cfg.wl) for w in wps] if cfg.wl else wps  # the layout cfg reads
     wfb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) * 0.05
     out = torch.empty(m, NP, device="cuda", dtype=torch.bfloat16)
     g1 = torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)
@@ -102,7 +114,7 @@ def run(m, cfg, steps=20):
 
     def body():
         for i in range(steps):
-            ec.kda_fused_step(x, wps[i % 4], wfb, out, g1, fa_col=NQ, config=cfg, workspace=wss[i % 2])
+            ec.kda_fused_step(x, wks[i % 4], wfb, out, g1, fa_col=NQ, config=cfg, workspace=wss[i % 2])
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -683,7 +683,7 @@ def test_swap_layout_feeds_mma_fragments():
     # defaults with a prepacked weight (run49): swap at both m_tiles, fused at every M
     for m in (1, 8, 9, 16):
         c = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
-        assert (c.swap, c.wl, c.fb_passes, c.fbpf) == (1, 2, 1, 3 if m <= 8 else 0), c.key()
+        assert (c.swap, c.wl, c.fb_passes, c.fbpf, c.minb) == (1, 2, 1, 3 if m <= 8 else 0, 3), c.key()
         assert ec.fused_is_default(c, m) and ec.check_fused(c, m, NP, 7168, NQ, NFB, NFA) is None
     assert ec.default_fused_config(8, NP, 7168, NFA, None, True).swap == 0  # untagged: no swap
 

@@ -36,11 +36,12 @@ def test_graphs_dropped_when_a_prepacked_weight_is_written():
 
     g = object.__new__(GraphedExecutor)  # the CUDA parts of __init__ are not needed here
     w = torch.zeros(4)
-    g._watch, g.graphs = {"w_packed": w}, {("num_tokens", 8): "graph"}
+    g._watch, g.graphs, g.pool = {"w_packed": w}, {("num_tokens", 8): "graph"}, "pool"
     g._versions = g._weight_versions()
     assert not g._drop_if_weights_changed() and g.graphs
     w.add_(1)
     assert g._drop_if_weights_changed() and not g.graphs
+    assert g.pool is None  # the next capture takes a fresh pool (torch released the old one)
     g.graphs[("num_tokens", 8)] = "graph again"
     assert not g._drop_if_weights_changed() and g.graphs
     g._watch = {}

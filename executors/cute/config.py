@@ -398,8 +398,10 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # run49 (two sweeps): weights as the mma A operand (no register moves, half the mma at
             # m_tile 8): m_tile 16 with one consumer pass 22.7-23.6 us at M = 9..16, 1.3-1.5 us
             # faster than the defaults before (two launches at 15, 16); the W_FB prefetch helps at
-            # m_tile 8 (0.2-0.3 us at M = 4..8) and at M = 9 only, two passes are slower
-            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1)
+            # m_tile 8 (0.2-0.3 us at M = 4..8) and at M = 9 only, two passes are slower.
+            # run50 (two sweeps): at m_tile 16 the launch bound minb 3 (76 -> 78 registers, same
+            # instructions, another schedule) 0.7-1.1 us faster at M = 9, 12, 0.3-0.7 at 16
+            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3)
         if cfg.m_tile == 16:
             # run34/run35 (three sweeps): 6 consumer blocks with two passes each (grid 399: 3
             # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15; at 16 equal
