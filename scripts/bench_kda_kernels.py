@@ -508,9 +508,9 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # stream loop's SASS drops from 543 to ~330 instructions at m_tile 8 (no operand moves, half
     # the mma) and from 641+ to ~400 at 16
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 8}),
+    # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 8}),
     # (timed up to run49) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
+    # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
     # run50 (session 7): where the m_tile-16 swapped kernel's 1.1-1.9 us over m_tile 8 go: forced
     # at M = 8 with and without its second x load (dx), 32 weight rows per warp (t4: each x
     # fragment feeds two A tiles, half the x loads, 197 stream blocks), 2 warps along N sharing x
@@ -529,9 +529,15 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # faster at M = 9, 12 and 0.3-0.7 at 16. run51: minb 3 at every M = 9..16, with u2, the W_FB
     # prefetch and two consumer passes
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
-    (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 2, "only_mt": 16}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
+    # (timed up to run51) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
+    # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 2, "only_mt": 16}),
+    # (timed up to run51) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
+    # run51 (two sweeps): minb 3 21.8-22.8 us at M = 9..16 (0.6-1.2 faster than without: the default
+    # since), u2 / the W_FB prefetch / two consumer passes 0.3-2.5 slower. run52: x staged through
+    # shared memory by TMA bulk copies (xs) at both m_tiles
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "xs": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 3, "xs": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "xs": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
