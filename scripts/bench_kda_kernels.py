@@ -533,11 +533,11 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 2, "only_mt": 16}),
     # (timed up to run51) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
     # run51 (two sweeps): minb 3 21.8-22.8 us at M = 9..16 (0.6-1.2 faster than without: the default
-    # since), u2 / the W_FB prefetch / two consumer passes 0.3-2.5 slower. run52: x staged through
-    # shared memory by TMA bulk copies (xs) at both m_tiles
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "xs": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 3, "xs": 1, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "xs": 1, "only_mt": 8}),
+    # since), u2 / the W_FB prefetch / two consumer passes 0.3-2.5 slower. run52 (two sweeps): x
+    # staged through shared memory by TMA bulk copies, one per x row and iteration issued by warp 0
+    # into two mbarrier stages (knob xs, code at commit 9c41b87, removed): correct, but 0.2-2 us
+    # slower at m_tile 8 (growing with M) and 4-5.5 us slower at 16
+    # (results/kda_kernels/2026-11-30_h200_run52_xs_sweep_{a,b}.md)
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

@@ -82,10 +82,6 @@ class Config:
     # cdbab10): an evict_last policy on it (no faster) and consumers rereading the epoch inside
     # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
-    # tensor-core kinds with ki = 1: x reaches the warps through two shared-memory stages that
-    # warp 0 fills with one TMA bulk copy per x row and iteration (executors/cute/xstage.py)
-    # instead of every lane loading its own x fragments from global memory
-    xs: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -115,8 +111,6 @@ class Config:
             s += "_tag"
         if self.fbpf:
             s += f"_wb{self.fbpf}"
-        if self.xs:
-            s += "_xs"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -210,11 +204,6 @@ class Config:
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
-        if self.xs not in (0, 1) or self.xs and (self.ki != 1 or self.kind not in ("stream", "fused")
-                                                 or self.dx):
-            return "xs is a 0/1 knob of the stream and fused kinds with ki = 1 (not with dx)"
-        if self.xs and 2 * self.m_tile * (self.warps_k * self.unroll * 64 + 64) > 160 * 1024:
-            return "xs: two x stages of m_tile x (warps_k * unroll * 64 + 64) bytes exceed 160 KB"
         return None
 
 

@@ -19,7 +19,6 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from . import xstage
 from .config import EPOCH_SPAN, Config, epoch_shares
 
 try:  # 4.8 spelling
@@ -393,32 +392,22 @@ def _k_steps(wk, WK: int, U: int, JW: int, KI: int):
 
 def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
                 MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None, DX: int = 0,
-                SWAP: int = 0, xs=None):
+                SWAP: int = 0):
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
     loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx): an L2
     bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf).
     Returns this lane's accumulators (see _acc_entries for their layout).
     SWAP: the weights (two 16-byte A fragments per 16-row tile and step) are the A operand and
-    x row g (+ 8) the B operand: (R // 2) x (MT // 8) accumulators.
-    xs (Config.xs, an xstage.XStage): x comes through shared memory, copied by warp 0 one
-    iteration ahead (xg_addr / xh_addr unused)."""
-    if xs is None:
-        x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS, DX)
-    else:
-        xs.issue(0)
+    x row g (+ 8) the B operand: (R // 2) x (MT // 8) accumulators."""
+    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS, DX)
     acc = [[Float32(0.0)] * 4 for _ in range(R // 2 * (MT // 8) if SWAP else R)]
     for it in range(NIT):
         if PF > 0 and it + PF < NIT:
             _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
         if it + 1 < NIT:
             w_nxt = _load_w(w_addr, it + 1, U, R, w_step, IS)
-            if xs is None:
-                x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS, DX)
-            else:  # after this warp's weight loads: warp 0 may wait for the stage's readers
-                xs.issue(it + 1)
-        if xs is not None:
-            x_cur = xs.read(it)
+            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS, DX)
         for u in range(U):
             xg, xh = x_cur[u]
             if SWAP:
@@ -431,8 +420,6 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
             a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
             for r in range(R):
                 acc[r] = mma_k32(a, w_cur[u * R + r], acc[r])
-        if xs is not None:
-            xs.release(it)
         if hook is not None and it == hook[0]:  # (iteration, addr, nbytes, idx)
             # after this iteration's mma steps: at the top of an iteration or after its loads
             # ptxas took 86-174 registers instead of 76-78 (m_tile 8); at m_tile 16 any place but
@@ -440,8 +427,7 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
             prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
         if it + 1 < NIT:
             w_cur = w_nxt
-            if xs is None:
-                x_cur = x_nxt
+            x_cur = x_nxt
     return acc
 
 
@@ -484,8 +470,6 @@ def build_tc(cfg: Config, n: int, k: int):
     WL = cfg.wl
     W_STEP = (64, 512, 1024)[WL]  # bytes between a lane's consecutive 32-wide K steps
     SWAP = cfg.swap
-    XS = cfg.xs
-    RED_WORDS = max(WK * OUT_BLK, xstage.smem_bytes(cfg) // 4 if XS else 0)
     N = n
     K = k
 
@@ -500,15 +484,6 @@ def build_tc(cfg: Config, n: int, k: int):
         wn = warp % WN
         wk = warp // WN
         n_tile0 = (bid * WN + wn) * (8 * R)
-        xs = None
-        if cutlass.const_expr(XS):  # the x stages; the reduction buffer reuses them after the loop
-            smem = _SmemAllocator()
-            red = smem.allocate_tensor(Float32, cute.make_layout(RED_WORDS), byte_alignment=128)
-            bars = smem.allocate_tensor(Int64, cute.make_layout(4), byte_alignment=8)
-            xs = xstage.XStage(cfg, red.iterator.toint(), bars.iterator.toint(), tid, lane, wk, g, t,
-                               mX.iterator.toint(), mX.stride[0], mX.shape[0], _imin)
-            xs.init()
-            cute.arch.sync_threads()
 
         w_base = mW.iterator.toint()
         # byte address of this lane's first weight vector in each n8 tile
@@ -531,7 +506,7 @@ def build_tc(cfg: Config, n: int, k: int):
         koff = Int64((ks0 * 32 + t * 8) * 2)
         xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
         acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
-                          None, 0, SWAP, xs)
+                          None, 0, SWAP)
 
         ents = _acc_entries(R, MT, SWAP, g, t)
         if cutlass.const_expr(WK == 1):
@@ -542,11 +517,8 @@ def build_tc(cfg: Config, n: int, k: int):
                     if col < N:
                         mO[m, col] = acc[ai][ci].to(BFloat16)
         else:
-            if cutlass.const_expr(XS):
-                cute.arch.sync_threads()  # every warp is done with the x stages red overlays
-            else:
-                smem = _SmemAllocator()
-                red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+            smem = _SmemAllocator()
+            red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
             for q in cutlass.range_constexpr(len(ents)):
                 ai, ci, r, m, c8 = ents[q]
                 red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
@@ -709,8 +681,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     WL = cfg.wl
     W_STEP = (64, 512, 1024)[WL]
     SWAP = cfg.swap
-    XS = cfg.xs
-    RED_WORDS = max(WK * OUT_BLK, xstage.smem_bytes(cfg) // 4 if XS else 0)
     PPF = cfg.ppf
     TAG = cfg.tag
     DBG = cfg.dbg
@@ -733,10 +703,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         t = lane % 4
         m_rows = mX.shape[0]
         smem = _SmemAllocator()
-        # with xs the x stages come first; the reduction after the loop reuses them
-        red = smem.allocate_tensor(Float32, cute.make_layout(RED_WORDS), byte_alignment=128 if XS else 16)
-        if cutlass.const_expr(XS):
-            bars = smem.allocate_tensor(Int64, cute.make_layout(4), byte_alignment=8)
+        red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
         if cutlass.const_expr(TAG):  # consumers: the polling warps stage f_a words here
             fs = smem.allocate_tensor(Int32, cute.make_layout(32 * NV1 * (MT // 8)), byte_alignment=16)
         ctr = mC.iterator.toint()
@@ -757,12 +724,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             wk = warp // WN
             blk0 = tile * (8 * R * WN)
             n_tile0 = blk0 + wn * (8 * R)
-            xs = None
-            if cutlass.const_expr(XS):
-                xs = xstage.XStage(cfg, red.iterator.toint(), bars.iterator.toint(), tid, lane, wk, g, t,
-                                   mX.iterator.toint(), mX.stride[0], m_rows, _imin)
-                xs.init()
-                cute.arch.sync_threads()
             w_base = mW.iterator.toint()
             ks0, IS = _k_steps(wk, WK, U, JW, KI)
             w_addr = _weight_addrs(w_base, n_tile0, g, t, lane, ks0, R, N, K, WL)
@@ -810,9 +771,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if cutlass.const_expr(FBPF > NIT):  # before the loop (it = -1)
                     prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
             acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
-                              hook, cfg.dx, SWAP, xs)
-            if cutlass.const_expr(XS):
-                cute.arch.sync_threads()  # every warp is done with the x stages red overlays
+                              hook, cfg.dx, SWAP)
 
             ents = _acc_entries(R, MT, SWAP, g, t)
             for q in cutlass.range_constexpr(len(ents)):
