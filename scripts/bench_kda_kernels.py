@@ -538,6 +538,13 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # into two mbarrier stages (knob xs, code at commit 9c41b87, removed): correct, but 0.2-2 us
     # slower at m_tile 8 (growing with M) and 4-5.5 us slower at 16
     # (results/kda_kernels/2026-11-30_h200_run52_xs_sweep_{a,b}.md)
+    # run53 (two sweeps, results/kda_kernels/2026-11-30_h200_run53_sweep_{a,b}.md): the producers'
+    # L2 prefetch of their whole share after the PDL wait instead of during the previous launch's
+    # tail (knob value ppf 2, not kept): 0.8-1.6 us slower at both m_tiles. The unswapped m_tile-16
+    # kernel (no prepacked weight), whose default (fp2) measures 26.2-28.5 us at M = 9..14 since
+    # run49 (23.9-24.7 in run48, same 77 registers): one pass with minb 3 23.6-24.5 (the default
+    # since), one pass 24.2-25.1, two passes with minb 3 25.5-28.7
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

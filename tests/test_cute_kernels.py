@@ -223,10 +223,11 @@ def test_fused_supports_and_configs():
 
     t_all, t0, p, c = fused_grid(ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
     assert (t_all, t0, p, c) == (393, 384, 8, 12)
-    # M = 9..15: 6 consumer blocks with two passes each (run34-run35); else 12 (at M <= 4 the
-    # W_FB prefetch of run40/run41 beats the two passes of run37)
+    # 12 consumer blocks of one pass at every M (run53: two passes at m_tile 16, the default of
+    # run34-run35, became 2-4 us slower than one pass with minb 3)
     assert [fused_grid(ec.default_fused_config(m, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)[3]
-            for m in (1, 4, 5, 8, 9, 15, 16)] == [12, 12, 12, 12, 6, 6, 6]
+            for m in (1, 4, 5, 8, 9, 15, 16)] == [12] * 7
+    assert {ec.default_fused_config(m, NP, 7168, NFA, NQ).minb for m in (1, 8, 9, 16)} == {3}
 
 
 @pytest.mark.parametrize("m", [4, 12, 16])

@@ -343,7 +343,8 @@ def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int
 # at M = 9..15 and equal at 16 (run33). Once pdl_wait let the two launches' prologue loads
 # overlap (run47/run48, session 6), two launches are 0.5-0.6 us faster at M = 15, 16 (two
 # sweeps), equal at 14 and 0.3-0.7 us slower at 9..13: the tagged fused kernel is used up to
-# FUSED_TAG_MAX_M.
+# FUSED_TAG_MAX_M. run53 (its default now one consumer pass with minb 3): 0.4-0.6 us faster than
+# two launches at M = 14, 0.1 slower at 16.
 FUSED_MAX_M = 8
 FUSED_TAG_MAX_M = 14
 
@@ -403,12 +404,12 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # instructions, another schedule) 0.7-1.1 us faster at M = 9, 12, 0.3-0.7 at 16
             return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3)
         if cfg.m_tile == 16:
-            # run34/run35 (three sweeps): 6 consumer blocks with two passes each (grid 399: 3
-            # blocks past one wave instead of 9) 0.15-0.45 us faster at M = 9..15; at 16 equal
-            # or better in run48 (M = 15, 16 take two launches by default: fused_is_default).
-            # The W_FB prefetch (fbpf 2, minb 3: 44 bytes of spills) was 0.4 us faster at M =
-            # 16 in run41 but not after pdl_wait (run48), and slower at 9..15
-            cfg = dataclasses.replace(cfg, fb_passes=2)
+            # (no prepacked weight) run34/run35 chose 6 consumer blocks with two passes each, but
+            # since run49 that kernel measures 26.2-28.5 us at M = 9..14 (23.9-24.7 in run48, same
+            # 77 registers: another ptxas schedule). run53 (two sweeps): one pass with the launch
+            # bound minb 3 23.6-24.5 us at M = 9..14, 0.3-1.2 faster than two launches (M = 15, 16
+            # keep two launches: fused_is_default); two passes with minb 3 25.5-28.7
+            cfg = dataclasses.replace(cfg, minb=3)
     return cfg
 
 
