@@ -544,7 +544,14 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # kernel (no prepacked weight), whose default (fp2) measures 26.2-28.5 us at M = 9..14 since
     # run49 (23.9-24.7 in run48, same 77 registers): one pass with minb 3 23.6-24.5 (the default
     # since), one pass 24.2-25.1, two passes with minb 3 25.5-28.7
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
+    # (timed in run53) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
+    # run54: the producers compute F_B themselves after publishing f_a (pc; 3 n8 tiles per warp:
+    # 8 producers x 8 warps x 24 rows = 1536), no consumer blocks (grid 393: one wave), with
+    # and without their W_FB prefetch into L2 (fbpf 3)
+    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "only_mt": 16}),
+    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "fbpf": 3, "only_mt": 16}),
+    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "fbpf": 3, "only_mt": 8}),
+    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
