@@ -545,13 +545,10 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run49 (23.9-24.7 in run48, same 77 registers): one pass with minb 3 23.6-24.5 (the default
     # since), one pass 24.2-25.1, two passes with minb 3 25.5-28.7
     # (timed in run53) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
-    # run54: the producers compute F_B themselves after publishing f_a (pc; 3 n8 tiles per warp:
-    # 8 producers x 8 warps x 24 rows = 1536), no consumer blocks (grid 393: one wave), with
-    # and without their W_FB prefetch into L2 (fbpf 3)
-    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "only_mt": 16}),
-    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "fbpf": 3, "only_mt": 16}),
-    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "fbpf": 3, "only_mt": 8}),
-    (2, 8, 4, 3, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "pc": 1, "only_mt": 8}),
+    # run54 (two sweeps, results/kda_kernels/2026-11-30_h200_run54_pc_sweep_{a,b}.md): the producers
+    # computing F_B themselves after publishing f_a (knob pc, code at commit 2c4b164, removed: 3 n8
+    # tiles per warp, 8 producers x 8 warps x 24 rows = 1536, no consumer blocks, grid 393),
+    # with and without their W_FB prefetch: correct, 0.7-1.7 us slower at both m_tiles
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

@@ -82,10 +82,6 @@ class Config:
     # cdbab10): an evict_last policy on it (no faster) and consumers rereading the epoch inside
     # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
-    # fused, tag = 1: the producer blocks compute F_B themselves after publishing their f_a
-    # tiles (no consumer blocks, so the grid is the stream tiles): they finish a few us before
-    # the other stream blocks, while consumer blocks only got a slot as the producers retired
-    pc: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -115,8 +111,6 @@ class Config:
             s += "_tag"
         if self.fbpf:
             s += f"_wb{self.fbpf}"
-        if self.pc:
-            s += "_pc"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -289,7 +283,7 @@ _DEFAULTS: dict[str, list[tuple[int, dict]]] = {
 def fused_grid(cfg: Config, n: int, a0: int, kb: int, nb: int) -> tuple[int, int, int, int]:
     """(stream tiles T, first producer tile t0, producer tiles P, consumer blocks C)."""
     rows = 8 * cfg.tiles * cfg.warps_n
-    c = 0 if cfg.pc else -(-nb // (8 * cfg.fb_tiles * cfg.fb_passes * cfg.warps_k * cfg.warps_n))
+    c = -(-nb // (8 * cfg.fb_tiles * cfg.fb_passes * cfg.warps_k * cfg.warps_n))
     t_all = -(-n // rows)
     t0 = a0 // rows
     p = -(-(a0 + kb) // rows) - t0
@@ -313,13 +307,6 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
     rows = 8 * cfg.tiles * cfg.warps_n
     if cfg.tag and (a0 % rows or kb % rows):
         return f"tag needs the f_a columns [{a0}, {a0 + kb}) aligned to the {rows}-row tiles"
-    if cfg.pc not in (0, 1):
-        return "pc is a 0/1 knob"
-    if cfg.pc:
-        p = fused_grid(cfg, n, a0, kb, nb)[2]
-        have = p * cfg.warps_k * cfg.warps_n * 8 * cfg.fb_tiles * cfg.fb_passes
-        if not cfg.tag or have < nb:
-            return f"pc needs tag = 1 and producers x warps x 8 x fb_tiles x fb_passes = {have} >= N_B = {nb}"
     return None
 
 

@@ -685,7 +685,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     TAG = cfg.tag
     DBG = cfg.dbg
     FBPF = cfg.fbpf
-    PC = cfg.pc  # the producers are the F_B consumers (no consumer blocks: C = 0)
     RP = -(-nb // max(1, P))  # W_FB rows per producer (fbpf)
     N = n
     K = k
@@ -813,9 +812,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                                 pa = ctr + Int64(TAG_OFF) + Int64(m * (KB // 2) + (col - A0) // 2) * 8
                                 st_tagged(pa, pack_bf16x2(s0, s1), ep + 1)
                     cute.arch.sync_threads()  # every thread's epoch read before the arrival
-                    if cutlass.const_expr(not PC):  # (pc: after its F_B part)
-                        if tid == 0:
-                            red_epoch(ctr + Int64(8), sb, TOTAL)
+                    if tid == 0:
+                        red_epoch(ctr + Int64(8), sb, TOTAL)
                 else:
                     cute.arch.sync_threads()
                     if tid == 0:
@@ -824,22 +822,15 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         # 0-0.2 us faster than a fence in every thread)
                         fence_acq_rel_gpu()
                         red_add_release_gpu(ctr, Int32(1))
-            if cutlass.const_expr(DBG and not PC):
+            if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
-        cons = sb >= T_ALL
-        if cutlass.const_expr(PC):
-            cons = sb < P
-        if cons:
+        else:
             # ---------------- consumer part: g1 = f_a @ w_fb^T ----------------
             # a warp owns FP passes of RB n8 tiles; pass 0's weights are loaded up front,
             # later passes' rows are bulk-prefetched into L2 up front and loaded after the
-            # previous pass (FP > 1 keeps the consumer blocks few, so the grid fits one wave).
-            # pc: the producer blocks do this after publishing their f_a tiles (already past
-            # their PDL wait), so no block starts late for F_B and the grid is the stream tiles
+            # previous pass (FP > 1 keeps the consumer blocks few, so the grid fits one wave)
             cb = sb - T_ALL
-            if cutlass.const_expr(PC):
-                cb = sb
             row0 = (cb * NW + warp) * (8 * RB * FP)
             wb_base = mWB.iterator.toint()
 
@@ -858,7 +849,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 nrows = _imin(row0 + 8 * RB * FP, NB) - r1
                 if nrows > 0:
                     prefetch_l2_bulk(wb_base + Int64(r1) * (KB * 2), Int32(nrows * (KB * 2)), lane, 1)
-            if cutlass.const_expr(PDL and not PC):
+            if cutlass.const_expr(PDL):
                 pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
             ep = Int32(0)
@@ -886,7 +877,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
             afr = []
-            for sk in cutlass.range_constexpr(0 if PC else SB):  # (pc: built per K step below)
+            for sk in cutlass.range_constexpr(SB):
                 if cutlass.const_expr(TAG):
                     xg = [fs[lane * NV1 + sk * 4 + j] for j in range(4)]
                     if cutlass.const_expr(MT == 16):
@@ -905,13 +896,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     wv = load_wb(ps)
                 acc = [[Float32(0.0)] * 4 for _ in range(RB)]
                 for sk in cutlass.range_constexpr(SB):
-                    a = afr[sk] if not PC else None
-                    if cutlass.const_expr(PC):  # one K step's f_a fragment at a time: registers
-                        xg = [fs[lane * NV1 + sk * 4 + j] for j in range(4)]
-                        xh = [fs[(32 + lane) * NV1 + sk * 4 + j] for j in range(4)] if MT == 16 else [Int32(0)] * 4
-                        a = [xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]]
                     for r in cutlass.range_constexpr(RB):
-                        acc[r] = mma_k32(a, wv[r * SB + sk], acc[r])
+                        acc[r] = mma_k32(afr[sk], wv[r * SB + sk], acc[r])
                 for r in cutlass.range_constexpr(RB):
                     for h in cutlass.range_constexpr(MT // 8):
                         m = g + 8 * h
@@ -922,7 +908,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                                     mG[m, col] = acc[r][2 * h + e].to(BFloat16)
             if cutlass.const_expr(TAG):
                 if tid == 0:  # the epoch matters to the next launch only
-                    red_epoch(ctr + Int64(8), Int32(0 if PC else P) + cb, TOTAL)
+                    red_epoch(ctr + Int64(8), Int32(P) + cb, TOTAL)
             if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
