@@ -56,6 +56,8 @@ CASES = [  # (M, extra config fields)
     # run51: the m_tile-16 default with minb 3 (run50: 0.3-1.1 us faster than without)
     (9, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
+    # run55: the same at M = 14 (with the last-ending blocks printed for 25-27)
+    (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
 ]
 
 
@@ -138,8 +140,20 @@ def run(m, cfg, steps=20):
     summ = {"M": m, "config": cfg.key(), "rel_err": err,
             "step_period_us": round(sc["end_max"] - sp["end_max"], 2),
             "gap_prev_end_to_start_us": round(sc["start_min"] - sp["end_max"], 2),
-            "prev": sp, "cur": sc}
+            "prev": sp, "cur": sc, "last_blocks": _last_blocks(us, t_all, p)}
     return summ, us
+
+
+def _last_blocks(us, t_all, p, n=6):
+    """The n blocks of a step that end last: (block, role, start, mid, end, SM, [ends of the
+    other blocks of that step on the same SM]), to tell a straggler from a crowded SM."""
+    out = []
+    for b in sorted(range(len(us)), key=lambda i: -us[i][2])[:n]:
+        st, mid, end, sm = us[b]
+        role = "producer" if b < p else ("stream" if b < t_all else "consumer")
+        peers = sorted(round(r[2], 2) for i, r in enumerate(us) if r[3] == sm and i != b)
+        out.append([b, role, round(st, 2), round(mid, 2) if mid is not None else None, round(end, 2), sm, peers])
+    return out
 
 
 def main():
