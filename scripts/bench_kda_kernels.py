@@ -549,6 +549,10 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # computing F_B themselves after publishing f_a (knob pc, code at commit 2c4b164, removed: 3 n8
     # tiles per warp, 8 producers x 8 warps x 24 rows = 1536, no consumer blocks, grid 393),
     # with and without their W_FB prefetch: correct, 0.7-1.7 us slower at both m_tiles
+    # run56 (two sweeps, results/kda_kernels/2026-11-30_h200_run56_pw_sweep_{a,b}.md): the stream
+    # blocks' first weight loads after the PDL wait instead of before it (knob pw, not kept), off the
+    # previous launch's F_B tail (run55): 1.0-2.0 us slower at both m_tiles - the prologue overlap
+    # is worth more than a quieter tail
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
