@@ -553,6 +553,9 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # blocks' first weight loads after the PDL wait instead of before it (knob pw, not kept), off the
     # previous launch's F_B tail (run55): 1.0-2.0 us slower at both m_tiles - the prologue overlap
     # is worth more than a quieter tail
+    # run57 (two sweeps, ..._run57_npf_sweep_{a,b}.md): the other way round, every warp also
+    # bulk-prefetching its next 1 / 2 iterations into L2 before the PDL wait (knob npf, not kept):
+    # 1.0-1.6 / 2.9-3.5 us slower at both m_tiles
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
