@@ -44,7 +44,7 @@ class GraphedExecutor:
             raise ValueError(f"plan '{plan.name}' has no dim '{dim}' (dims: {sorted(plan.dims)})")
         self.ex, self.dim, self.warmup, self.clone = executor, dim, warmup, clone_outputs
         self.buckets = sorted(buckets or plan.dims[dim].buckets)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # the graph memory pool, taken at the first capture (see capture)
         self.graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs, variants)
         self.last_variants: dict[str, str] = {}
         self.last_bucket: int | None = None
