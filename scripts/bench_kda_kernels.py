@@ -556,6 +556,26 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run57 (two sweeps, ..._run57_npf_sweep_{a,b}.md): the other way round, every warp also
     # bulk-prefetching its next 1 / 2 iterations into L2 before the PDL wait (knob npf, not kept):
     # 1.0-1.6 / 2.9-3.5 us slower at both m_tiles
+    # run58 (session 8, two sweeps, results/kda_kernels/2026-11-30_h200_run58_sweep_{a,b}.md): g1
+    # stored as bf16x2 pairs (gst 1: 4 instead of 8 stores per consumer lane; the F_B tail queues
+    # behind the stream loads on its SM): 0.7-0.9 us faster at M = 16, 0.15-0.3 at 14, 0-0.25 at
+    # 9, 12; 3 warps along N (wn3: 768-thread blocks of 48 rows, one per SM, 131 stream blocks + 4
+    # consumers, one wave; x read by three warps at once through L1): 0.2-1.2 us slower than the
+    # defaults with or without minb 1 / gst / fb_tiles 1
+    # (timed in run58) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 3, "minb": 1, "only_mt": 16}),
+    # (timed in run58) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 3, "minb": 1, "gst": 1, "only_mt": 16}),
+    # run59: the stores further: g1 staged through shared memory as 16-byte row chunks (gst 2: one
+    # store per thread), and the stream blocks' out as 4 columns per thread (ost: 8-byte stores,
+    # 16-byte shared loads), at both m_tiles and for the unswapped m_tile-16 kernel
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "ost": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "ost": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "gst": 2, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "ost": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

@@ -82,6 +82,12 @@ class Config:
     # cdbab10): an evict_last policy on it (no faster) and consumers rereading the epoch inside
     # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
+    # fused: the consumers store g1 as bf16x2 pairs (one 32-bit store per two columns) instead of
+    # one 16-bit store per value: half the store instructions where the F_B tail queues behind
+    # the stream blocks' loads on the same SM
+    gst: int = 0  # 2: staged through shared memory, one 16-byte store per thread
+    # fused: the stream blocks store out 4 columns (8 bytes) per thread, not one value
+    ost: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -111,6 +117,10 @@ class Config:
             s += "_tag"
         if self.fbpf:
             s += f"_wb{self.fbpf}"
+        if self.gst:
+            s += "_gs" if self.gst == 1 else f"_gs{self.gst}"
+        if self.ost:
+            s += "_os"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -197,11 +207,13 @@ class Config:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl == 1 and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.tag)
+        knobs = (self.ppf, self.dbg, self.tag, self.ost)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
+            return "ppf, tag, ost and dbg are 0/1 knobs of the fused kind"
         if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
+        if self.gst not in (0, 1, 2) or self.gst and self.kind != "fused":
+            return "gst is a 0/1/2 knob of the fused kind"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
         return None
@@ -302,11 +314,12 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
         return f"dependent columns [{a0}, {a0 + kb}) must be 8-aligned, K_B % 32 == 0, inside N={n}"
     if nb < 1:
         return "N_B must be positive"
+    if cfg.gst and nb % 2 or cfg.gst == 2 and (nb % 8 or cfg.fb_passes != 1):
+        return "gst stores g1 column pairs (N_B even), gst 2 8-column chunks (N_B % 8 == 0, one pass)"
+    if cfg.ost and n % 4:
+        return "ost stores 4 columns of out at once: N % 4 == 0"
     if cfg.fb_tiles * (kb // 32) > 16:
         return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
-    rows = 8 * cfg.tiles * cfg.warps_n
-    if cfg.tag and (a0 % rows or kb % rows):
-        return f"tag needs the f_a columns [{a0}, {a0 + kb}) aligned to the {rows}-row tiles"
     return None
 
 

@@ -223,6 +223,18 @@ def red_epoch(addr: Int64, idx: Int32, total: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_global_words(addr: Int64, vals, *, loc=None, ip=None):
+    """One plain global store of 1, 2 or 4 32-bit words (e.g. bf16 pairs from pack_bf16x2);
+    addr aligned to their total size."""
+    n = len(vals)
+    body = {1: "st.global.b32 [$0], $1;", 2: "st.global.v2.b32 [$0], {$1, $2};",
+            4: "st.global.v4.b32 [$0], {$1, $2, $3, $4};"}[n]
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals],
+                    body, "l" + ",r" * n, has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
 def globaltimer(*, loc=None, ip=None):
     """%globaltimer (ns, comparable across SMs)."""
     return Int64(llvm.inline_asm(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l",
@@ -685,6 +697,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     TAG = cfg.tag
     DBG = cfg.dbg
     FBPF = cfg.fbpf
+    GST = cfg.gst
+    GROW = NW * RB * 4  # gst 2: bf16x2 words per g1 row of a consumer block
+    OST = cfg.ost
+    OVERHANG = TAG and (a0 % (8 * R * WN) or kb % (8 * R * WN))
     RP = -(-nb // max(1, P))  # W_FB rows per producer (fbpf)
     N = n
     K = k
@@ -706,8 +722,11 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
         if cutlass.const_expr(TAG):  # consumers: the polling warps stage f_a words here
             fs = smem.allocate_tensor(Int32, cute.make_layout(32 * NV1 * (MT // 8)), byte_alignment=16)
+        if cutlass.const_expr(GST == 2):  # consumers: the block's g1 tile as bf16x2 words
+            gsm = smem.allocate_tensor(Int32, cute.make_layout(MT * GROW), byte_alignment=16)
         ctr = mC.iterator.toint()
         so = mO.stride[0]
+        sg = mG.stride[0]
         if cutlass.const_expr(DBG):
             if tid == 0:
                 _stamp(ctr, bid, 0)
@@ -778,19 +797,36 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 ai, ci, r, m, c8 = ents[q]
                 red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
             cute.arch.sync_threads()
-            for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                idx = tid + p * NTHR
-                if idx < OUT_BLK:
-                    s = Float32(0.0)
-                    for q in cutlass.range_constexpr(WK):
-                        s = s + red[q * OUT_BLK + idx]
-                    col8 = idx % 8
-                    m = (idx // 8) % MT
-                    rr = idx // (8 * MT)  # n8 tile within the block (wn * R + r)
-                    col = blk0 + rr * 8 + col8
-                    if m < m_rows:
-                        if col < N:
-                            mO[m, col] = s.to(BFloat16)
+            if cutlass.const_expr(OST):
+                # 4 adjacent columns per thread: 16-byte shared loads, one 8-byte global store
+                # (N % 4 == 0, out rows 8-byte aligned: kda_fused_step checks)
+                for p in cutlass.range_constexpr((OUT_BLK // 4 + NTHR - 1) // NTHR):
+                    i4 = tid + p * NTHR
+                    if i4 < OUT_BLK // 4:
+                        sv = [Float32(0.0)] * 4
+                        for q in cutlass.range_constexpr(WK):
+                            for j in cutlass.range_constexpr(4):
+                                sv[j] = sv[j] + red[q * OUT_BLK + 4 * i4 + j]
+                        m = (i4 // 2) % MT
+                        col = blk0 + (i4 // (2 * MT)) * 8 + (i4 % 2) * 4
+                        if m < m_rows:
+                            if col < N:
+                                oa = mO.iterator.toint() + (Int64(m) * Int64(so) + Int64(col)) * 2
+                                st_global_words(oa, [pack_bf16x2(sv[0], sv[1]), pack_bf16x2(sv[2], sv[3])])
+            else:
+                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                    idx = tid + p * NTHR
+                    if idx < OUT_BLK:
+                        s = Float32(0.0)
+                        for q in cutlass.range_constexpr(WK):
+                            s = s + red[q * OUT_BLK + idx]
+                        col8 = idx % 8
+                        m = (idx // 8) % MT
+                        rr = idx // (8 * MT)  # n8 tile within the block (wn * R + r)
+                        col = blk0 + rr * 8 + col8
+                        if m < m_rows:
+                            if col < N:
+                                mO[m, col] = s.to(BFloat16)
             if sb < P:
                 if cutlass.const_expr(DBG):
                     if tid == 0:
@@ -808,6 +844,11 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                                 s1 = s1 + red[q * OUT_BLK + i0 + 1]
                             m = (i0 // 8) % MT
                             col = blk0 + (i0 // (8 * MT)) * 8 + i0 % 8
+                            if cutlass.const_expr(OVERHANG):
+                                # tiles wider than f_a's alignment (e.g. warps_n 3: 48 rows)
+                                # also hold columns outside [A0, A0 + KB): not f_a, no pair
+                                if col < A0 or col >= A0 + KB:
+                                    m = MT
                             if m < m_rows:
                                 pa = ctr + Int64(TAG_OFF) + Int64(m * (KB // 2) + (col - A0) // 2) * 8
                                 st_tagged(pa, pack_bf16x2(s0, s1), ep + 1)
@@ -901,11 +942,34 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 for r in cutlass.range_constexpr(RB):
                     for h in cutlass.range_constexpr(MT // 8):
                         m = g + 8 * h
-                        for e in cutlass.range_constexpr(2):
-                            col = row0 + (ps * RB + r) * 8 + 2 * t + e
+                        if cutlass.const_expr(GST == 2):  # staged: 16-byte stores below
+                            gsm[m * GROW + (warp * RB + r) * 4 + t] = pack_bf16x2(acc[r][2 * h], acc[r][2 * h + 1])
+                        elif cutlass.const_expr(GST == 1):
+                            # columns 2t, 2t + 1 as one 32-bit store (NB even: both or none)
+                            col = row0 + (ps * RB + r) * 8 + 2 * t
                             if m < m_rows:
                                 if col < NB:
-                                    mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+                                    ga = mG.iterator.toint() + (Int64(m) * Int64(sg) + Int64(col)) * 2
+                                    st_global_words(ga, [pack_bf16x2(acc[r][2 * h], acc[r][2 * h + 1])])
+                        else:
+                            for e in cutlass.range_constexpr(2):
+                                col = row0 + (ps * RB + r) * 8 + 2 * t + e
+                                if m < m_rows:
+                                    if col < NB:
+                                        mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+            if cutlass.const_expr(GST == 2):
+                # the block's g1 tile (MT rows x NW * RB * 8 contiguous columns, one pass) leaves
+                # as 16-byte row chunks: one store per thread instead of 8 (4 with GST 1)
+                cute.arch.sync_threads()
+                for p in cutlass.range_constexpr((MT * GROW // 4 + NTHR - 1) // NTHR):
+                    ch = tid + p * NTHR
+                    if ch < MT * GROW // 4:
+                        gm = ch // (GROW // 4)
+                        gcol = cb * (NW * RB * 8) + (ch % (GROW // 4)) * 8
+                        if gm < m_rows:
+                            if gcol < NB:
+                                gaddr = mG.iterator.toint() + (Int64(gm) * Int64(sg) + Int64(gcol)) * 2
+                                st_global_words(gaddr, [gsm[ch * 4 + j] for j in range(4)])
             if cutlass.const_expr(TAG):
                 if tid == 0:  # the epoch matters to the next launch only
                     red_epoch(ctr + Int64(8), Int32(P) + cb, TOTAL)
