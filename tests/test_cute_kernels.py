@@ -312,7 +312,8 @@ def test_fused_tagged_handoff_ptx():
     c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, tag=1)
     assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_tag_pdl1")
     assert ec.Config.from_dict(c.to_dict()) == c
-    assert "aligned" in ec.check_fused(c, 8, NP, 7168, NQ - 8, NFB, NFA)
+    # f_a need not be tile-aligned: the producer tiles overhanging it store no pairs there
+    assert ec.check_fused(c, 8, NP, 7168, NQ - 8, NFB, NFA) is None
     assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, tag=1).check(8, NP, 7168)
     off = fused_tag_offset(c, NP, NQ, NFA, NFB)
     assert off % 256 == 0 and off >= 16 + 32 * 405
@@ -335,6 +336,37 @@ def test_fused_tagged_handoff_ptx():
         assert ptx.count("vote.sync.all.pred") == 1
         for absent in ("fence.acq_rel", "red.release", "ld.acquire", "atom.", "ld.global.cg.v4.u32", ".local"):
             assert absent not in ptx, absent
+
+
+def test_fused_store_knobs_ptx():
+    """gst 1: the consumers store g1 as bf16x2 pairs (one 32-bit store per two columns); gst 2:
+    staged in shared memory, one 16-byte store per row chunk; ost: the stream blocks store out 4
+    columns (8 bytes) at a time. Their shape checks; a tagged config whose tiles overhang f_a
+    (3 warps along N: 48-row tiles, f_a 128 columns) compiles with a guard on the pair stores."""
+    base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
+    assert base.gst == 1 and ec.Config.from_dict(base.to_dict()) == base and "_gs_" in base.key()
+    g2 = dataclasses.replace(base, gst=2, ost=1)
+    assert g2.key().endswith("_gs2_os_pdl1") and ec.check_fused(g2, 16, NP, 7168, NQ, NFB, NFA) is None
+    assert "N_B" in ec.check_fused(base, 16, NP, 7168, NQ, NFB - 1, NFA)
+    assert "N_B" in ec.check_fused(dataclasses.replace(g2, fb_passes=2), 16, NP, 7168, NQ, NFB, NFA)
+    assert "N % 4" in ec.check_fused(dataclasses.replace(g2, swap=0, wl=0), 16, NP - 2, 7168, NQ, NFB, NFA)
+    assert "gst" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, gst=1).check(8, NP, 7168)
+    assert "ost" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, ost=1).check(8, NP, 7168)
+    wn3 = dataclasses.replace(base, warps_n=3, minb=1)
+    assert ec.check_fused(wn3, 16, NP, 7168, NQ, NFB, NFA) is None
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    plain = dataclasses.replace(base, gst=0)
+    counts = {}
+    for c in (plain, base, g2, wn3):
+        ptx = ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        assert ".local" not in ptx
+        counts[c.key()] = [ptx.count(i) for i in ("st.global.b32", "st.global.v2.b32", "st.global.v4.b32")]
+    # g1 pairs: 2 n8 tiles x 2 row halves per lane; gst 2: one chunk per thread; ost: one per thread
+    assert counts[plain.key()] == [0, 0, 0]
+    assert counts[base.key()] == [4, 0, 0] and counts[g2.key()] == [0, 1, 1]
+    assert counts[wn3.key()] == [4, 0, 0]
 
 
 def test_fused_wfb_prefetch_ptx():
@@ -591,6 +623,46 @@ def test_gpu_fused_tagged_handoff(m):
     _replay_fresh(graph, x, outs, lambda: check("graph tagged + fbpf"))
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [3, 9, 16])
+def test_gpu_fused_store_knobs(m):
+    """gst 1 / 2 and ost (swapped roles on the prepacked weight, and the x-as-A roles), and the
+    tagged handoff with producer tiles overhanging f_a (f_a at NQ - 8; 3 warps along N), g1 in
+    a row-offset view (4-byte aligned rows: gst 1 runs, gst 2 is refused): poisoned outputs,
+    fp32 reference, repeated launches on one workspace."""
+    import torch
+
+    x, wp, wb = _fused_inputs(m, 2100 + m)
+    w2 = ec.tile_weights(wp, 2)
+    ref = x.float() @ wp.float().t()
+    sw = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
+    xa = dataclasses.replace(ec.default_fused_config(m, NP, 7168, NFA, NQ), gst=0)
+    runs = [(dataclasses.replace(sw, gst=g, ost=o), w2, NQ) for g, o in ((1, 0), (2, 0), (1, 1), (2, 1))]
+    runs += [(dataclasses.replace(xa, gst=g, ost=o), wp, NQ) for g, o in ((1, 0), (2, 1))]
+    runs += [(dataclasses.replace(sw, warps_n=3, minb=1), w2, NQ),
+             (dataclasses.replace(xa, tag=1, gst=1), wp, NQ - 8)]
+    out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
+    g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for cfg, w, a0 in runs:
+        assert ec.check_fused(cfg, m, NP, 7168, a0, NFB, NFA) is None, cfg.key()
+        for _ in range(2):
+            out.fill_(float("nan"))
+            g1.fill_(float("nan"))
+            ec.kda_fused_step(x, w, wb, out, g1, fa_col=a0, config=cfg)
+            torch.cuda.synchronize()
+            _check(out, ref, f"{cfg.key()} out M={m}")
+            _check(g1, out[:, a0:a0 + NFA].float() @ wb.float().t(), f"{cfg.key()} g1 M={m} a0={a0}")
+    big = torch.full((m, NFB + 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gv = big[:, 2:]  # rows 4-byte aligned, not 16
+    ec.kda_fused_step(x, w2, wb, out, gv, fa_col=NQ, config=runs[0][0])
+    torch.cuda.synchronize()
+    _check(gv, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"gst 1 into a view M={m}")
+    assert torch.isnan(big[:, :2].float()).all()
+    with pytest.raises(ValueError, match="aligned to 16 bytes"):
+        ec.kda_fused_step(x, w2, wb, out, gv, fa_col=NQ, config=runs[1][0])
+
+
 def test_tiled_weight_layout():
     """wl=1: the weight is prepacked so each (8-row tile, 32-wide K step) is one 512-byte block
     in lane order; the kernels then load lane*16 + step*512 from the tile's base."""
@@ -684,7 +756,7 @@ def test_swap_layout_feeds_mma_fragments():
     # defaults with a prepacked weight (run49): swap at both m_tiles, fused at every M
     for m in (1, 8, 9, 16):
         c = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
-        assert (c.swap, c.wl, c.fb_passes, c.fbpf, c.minb) == (1, 2, 1, 3 if m <= 8 else 0, 3), c.key()
+        assert (c.swap, c.wl, c.fb_passes, c.fbpf, c.minb, c.gst) == (1, 2, 1, 3 if m <= 8 else 0, 3, 1), c.key()
         assert ec.fused_is_default(c, m) and ec.check_fused(c, m, NP, 7168, NQ, NFB, NFA) is None
     assert ec.default_fused_config(8, NP, 7168, NFA, None, True).swap == 0  # untagged: no swap
 

@@ -35,9 +35,9 @@ arrival word only grows), so CUDA-graph replays need no memset; by default one w
 When f_a's columns are not tile-aligned (no tagged handoff), M > FUSED_MAX_M (8) and no
 explicit ``config``, ``kda_fused_step`` computes the same outputs with TWO launches
 (``skinny_gemm`` over the packed weight, then F_B on the f_a view of ``out``, PDL-chained):
-the counter-handoff fused kernel with m_tile 16 measured 2-3 us slower on the H200; with the
-tagged handoff the same holds above FUSED_TAG_MAX_M (14), where two launches measured 0.5 us
-faster (``fused_is_default``). ``workspace`` is unused on that path.
+the counter-handoff fused kernel with m_tile 16 measured 2-3 us slower on the H200. With the
+tagged handoff (the Kimi-K3 f_a columns) the fused kernel runs at every M <= 16
+(``fused_is_default``, FUSED_TAG_MAX_M). ``workspace`` is unused on the two-launch path.
 Split views for the caller: q|k|v|g = out[:, :6144], f_a = out[:, 6144:6272],
 beta = out[:, 6272:6288].
 

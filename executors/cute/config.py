@@ -357,9 +357,10 @@ def fused_workspace_words(cfg: Config, n: int, a0: int, kb: int, nb: int) -> int
 # overlap (run47/run48, session 6), two launches are 0.5-0.6 us faster at M = 15, 16 (two
 # sweeps), equal at 14 and 0.3-0.7 us slower at 9..13: the tagged fused kernel is used up to
 # FUSED_TAG_MAX_M. run53 (its default now one consumer pass with minb 3): 0.4-0.6 us faster than
-# two launches at M = 14, 0.1 slower at 16.
+# two launches at M = 14, 0.1 slower at 16. run59: with g1 stored in chunks (gst) the fused kernel
+# is 0.8 us faster than two launches at M = 16 too: fused at every M.
 FUSED_MAX_M = 8
-FUSED_TAG_MAX_M = 14
+FUSED_TAG_MAX_M = 16
 
 
 def fused_is_default(cfg: Config, m: int) -> bool:
@@ -414,15 +415,19 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # faster than the defaults before (two launches at 15, 16); the W_FB prefetch helps at
             # m_tile 8 (0.2-0.3 us at M = 4..8) and at M = 9 only, two passes are slower.
             # run50 (two sweeps): at m_tile 16 the launch bound minb 3 (76 -> 78 registers, same
-            # instructions, another schedule) 0.7-1.1 us faster at M = 9, 12, 0.3-0.7 at 16
-            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3)
+            # instructions, another schedule) 0.7-1.1 us faster at M = 9, 12, 0.3-0.7 at 16.
+            # run58/run59 (four sweeps): g1 stored as bf16x2 pairs (gst 1) 0.8-0.95 us faster at
+            # M = 16, 0.3-0.45 at 14, 0-0.25 at 9, 12, 0-0.2 at m_tile 8 (gst 2 and ost no better)
+            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3, gst=1)
         if cfg.m_tile == 16:
             # (no prepacked weight) run34/run35 chose 6 consumer blocks with two passes each, but
             # since run49 that kernel measures 26.2-28.5 us at M = 9..14 (23.9-24.7 in run48, same
             # 77 registers: another ptxas schedule). run53 (two sweeps): one pass with the launch
             # bound minb 3 23.6-24.5 us at M = 9..14, 0.3-1.2 faster than two launches (M = 15, 16
-            # keep two launches: fused_is_default); two passes with minb 3 25.5-28.7
-            cfg = dataclasses.replace(cfg, minb=3)
+            # kept two launches until run59); two passes with minb 3 25.5-28.7.
+            # run59 (two sweeps): g1 stored in 16-byte chunks (gst 2) 0.5-1.2 us faster at
+            # M = 12..16, and at 15, 16 faster than two launches; gst 1 as with the swapped roles
+            cfg = dataclasses.replace(cfg, minb=3, gst=1)
     return cfg
 
 
