@@ -564,18 +564,21 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # defaults with or without minb 1 / gst / fb_tiles 1
     # (timed in run58) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 3, "minb": 1, "only_mt": 16}),
     # (timed in run58) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 3, "minb": 1, "gst": 1, "only_mt": 16}),
-    # run59: the stores further: g1 staged through shared memory as 16-byte row chunks (gst 2: one
-    # store per thread), and the stream blocks' out as 4 columns per thread (ost: 8-byte stores,
-    # 16-byte shared loads), at both m_tiles and for the unswapped m_tile-16 kernel
+    # run59 (two sweeps, ..._run59_sweep_{a,b}.md): the stores further: g1 staged through shared
+    # memory as 16-byte row chunks (gst 2: one store per thread) and the stream blocks' out as 4
+    # columns per thread (ost: 8-byte stores, 16-byte shared loads), at both m_tiles and for the
+    # unswapped m_tile-16 kernel: gst 1 and 2 equal (0.8-0.95 us faster than without at M = 16,
+    # 0.3-0.45 at 14), ost no faster; at m_tile 8 gst 1 0-0.2 us faster; unswapped gst 2 0.5-1.2
+    # faster at M = 12..16 and faster than two launches at 15, 16. gst 1 became the default.
+    # (timed in run59) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "ost": 1, "only_mt": 16}),
+    # (timed in run59) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "only_mt": 8}),
+    # run60: the producers store the tagged f_a pairs before out (tf), and two consumer passes
+    # (6 consumer blocks, grid 399) now that g1 leaves in pairs
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "ost": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "ost": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "gst": 2, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "tf": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "ost": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "tf": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

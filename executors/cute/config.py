@@ -88,6 +88,8 @@ class Config:
     gst: int = 0  # 2: staged through shared memory, one 16-byte store per thread
     # fused: the stream blocks store out 4 columns (8 bytes) per thread, not one value
     ost: int = 0
+    # fused: the producers store the tagged f_a pairs (what the consumers wait for) before out
+    tf: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -121,6 +123,8 @@ class Config:
             s += "_gs" if self.gst == 1 else f"_gs{self.gst}"
         if self.ost:
             s += "_os"
+        if self.tf:
+            s += "_tf"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -207,9 +211,9 @@ class Config:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl == 1 and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.tag, self.ost)
+        knobs = (self.ppf, self.dbg, self.tag, self.ost, self.tf)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, tag, ost and dbg are 0/1 knobs of the fused kind"
+            return "ppf, tag, ost, tf and dbg are 0/1 knobs of the fused kind"
         if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.gst not in (0, 1, 2) or self.gst and self.kind != "fused":
