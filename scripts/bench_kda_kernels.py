@@ -572,13 +572,13 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # faster at M = 12..16 and faster than two launches at 15, 16. gst 1 became the default.
     # (timed in run59) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "ost": 1, "only_mt": 16}),
     # (timed in run59) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "only_mt": 8}),
-    # run60: the producers store the tagged f_a pairs before out (tf), and two consumer passes
-    # (6 consumer blocks, grid 399) now that g1 leaves in pairs
+    # run60 (two sweeps, ..._run60_sweep_{a,b}.md): the producers storing the tagged f_a pairs
+    # before out (knob tf, not kept): 0-0.2 us slower at both m_tiles; two consumer passes with
+    # gst 1: 0.9-1.4 us slower. The gst-1 defaults again 0.1-0.7 us faster than without at M = 9..16.
+    # (timed in run60) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "tf": 1, "only_mt": 16}),
+    # (timed in run60) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "tf": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "tf": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
