@@ -58,11 +58,10 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
     # run55: the same at M = 14 (with the last-ending blocks printed for 25-27)
     (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
-    # session 8 (run60): the defaults with g1 stored in pairs (gst) at M = 16, 14, and the
-    # producers' tagged pairs stored before out (tf) at M = 16
+    # session 8 (run60): the defaults with g1 stored in pairs (gst) at M = 16, 14 (run60 also timed
+    # the producers' tagged pairs stored before out, knob tf at commit 69e9694, as case 30)
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1)),
     (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, tf=1)),
 ]
 
 

@@ -340,18 +340,18 @@ def test_fused_tagged_handoff_ptx():
 
 def test_fused_store_knobs_ptx():
     """gst 1: the consumers store g1 as bf16x2 pairs (one 32-bit store per two columns); gst 2:
-    staged in shared memory, one 16-byte store per row chunk; ost: the stream blocks store out 4
-    columns (8 bytes) at a time. Their shape checks; a tagged config whose tiles overhang f_a
-    (3 warps along N: 48-row tiles, f_a 128 columns) compiles with a guard on the pair stores."""
+    staged in shared memory, one 16-byte store per row chunk. Their shape checks; a tagged config
+    whose tiles overhang f_a (3 warps along N: 48-row tiles, f_a 128 columns) compiles with a
+    guard on the pair stores."""
     base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
     assert base.gst == 1 and ec.Config.from_dict(base.to_dict()) == base and "_gs_" in base.key()
-    g2 = dataclasses.replace(base, gst=2, ost=1)
-    assert g2.key().endswith("_gs2_os_pdl1") and ec.check_fused(g2, 16, NP, 7168, NQ, NFB, NFA) is None
+    g2 = dataclasses.replace(base, gst=2)
+    assert g2.key().endswith("_gs2_pdl1") and ec.check_fused(g2, 16, NP, 7168, NQ, NFB, NFA) is None
     assert "N_B" in ec.check_fused(base, 16, NP, 7168, NQ, NFB - 1, NFA)
     assert "N_B" in ec.check_fused(dataclasses.replace(g2, fb_passes=2), 16, NP, 7168, NQ, NFB, NFA)
-    assert "N % 4" in ec.check_fused(dataclasses.replace(g2, swap=0, wl=0), 16, NP - 2, 7168, NQ, NFB, NFA)
+    assert "N_B" in ec.check_fused(g2, 16, NP, 7168, NQ, NFB - 4, NFA)
     assert "gst" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, gst=1).check(8, NP, 7168)
-    assert "ost" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, ost=1).check(8, NP, 7168)
+    assert "gst" in dataclasses.replace(base, gst=3).check(16, NP, 7168)
     wn3 = dataclasses.replace(base, warps_n=3, minb=1)
     assert ec.check_fused(wn3, 16, NP, 7168, NQ, NFB, NFA) is None
     if not ec.importable():
@@ -362,11 +362,11 @@ def test_fused_store_knobs_ptx():
     for c in (plain, base, g2, wn3):
         ptx = ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         assert ".local" not in ptx
-        counts[c.key()] = [ptx.count(i) for i in ("st.global.b32", "st.global.v2.b32", "st.global.v4.b32")]
-    # g1 pairs: 2 n8 tiles x 2 row halves per lane; gst 2: one chunk per thread; ost: one per thread
-    assert counts[plain.key()] == [0, 0, 0]
-    assert counts[base.key()] == [4, 0, 0] and counts[g2.key()] == [0, 1, 1]
-    assert counts[wn3.key()] == [4, 0, 0]
+        counts[c.key()] = [ptx.count(i) for i in ("st.global.b32", "st.global.v4.b32")]
+    # g1 pairs: 2 n8 tiles x 2 row halves per lane; gst 2: one 16-byte chunk per thread
+    assert counts[plain.key()] == [0, 0]
+    assert counts[base.key()] == [4, 0] and counts[g2.key()] == [0, 1]
+    assert counts[wn3.key()] == [4, 0]
 
 
 def test_fused_wfb_prefetch_ptx():
@@ -627,7 +627,7 @@ def test_gpu_fused_tagged_handoff(m):
 @gpu
 @pytest.mark.parametrize("m", [3, 9, 16])
 def test_gpu_fused_store_knobs(m):
-    """gst 1 / 2 and ost (swapped roles on the prepacked weight, and the x-as-A roles), and the
+    """gst 1 / 2 (swapped roles on the prepacked weight, and the x-as-A roles), and the
     tagged handoff with producer tiles overhanging f_a (f_a at NQ - 8; 3 warps along N), g1 in
     a row-offset view (4-byte aligned rows: gst 1 runs, gst 2 is refused): poisoned outputs,
     fp32 reference, repeated launches on one workspace."""
@@ -638,8 +638,8 @@ def test_gpu_fused_store_knobs(m):
     ref = x.float() @ wp.float().t()
     sw = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
     xa = dataclasses.replace(ec.default_fused_config(m, NP, 7168, NFA, NQ), gst=0)
-    runs = [(dataclasses.replace(sw, gst=g, ost=o), w2, NQ) for g, o in ((1, 0), (2, 0), (1, 1), (2, 1))]
-    runs += [(dataclasses.replace(xa, gst=g, ost=o), wp, NQ) for g, o in ((1, 0), (2, 1))]
+    runs = [(dataclasses.replace(sw, gst=g), w2, NQ) for g in (1, 2)]
+    runs += [(dataclasses.replace(xa, gst=g), wp, NQ) for g in (1, 2)]
     runs += [(dataclasses.replace(sw, warps_n=3, minb=1), w2, NQ),
              (dataclasses.replace(xa, tag=1, gst=1), wp, NQ - 8)]
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -548,11 +548,9 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
           or not workspace.is_contiguous()):
         raise ValueError(f"workspace must be a contiguous int32 tensor with >= {words} elements "
                          "(zeroed once)")
-    g1_align = (0, 4, 16)[cfg.gst]  # bytes per g1 store (gst), per out store (ost)
+    g1_align = (0, 4, 16)[cfg.gst]  # bytes per g1 store
     if cfg.gst and (g1.data_ptr() % g1_align or g1.stride(0) * 2 % g1_align):
         raise ValueError(f"config gst={cfg.gst} needs g1 rows aligned to {g1_align} bytes")
-    if cfg.ost and (out.data_ptr() % 8 or out.stride(0) % 4):
-        raise ValueError("config ost needs out rows aligned to 8 bytes")
     fn = get_fused_kernel(cfg, n, k, fa_col, nb, kb)
     fn(x, w_packed, out, w_fb, g1, workspace[:1])
     return out, g1

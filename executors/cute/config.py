@@ -86,10 +86,6 @@ class Config:
     # one 16-bit store per value: half the store instructions where the F_B tail queues behind
     # the stream blocks' loads on the same SM
     gst: int = 0  # 2: staged through shared memory, one 16-byte store per thread
-    # fused: the stream blocks store out 4 columns (8 bytes) per thread, not one value
-    ost: int = 0
-    # fused: the producers store the tagged f_a pairs (what the consumers wait for) before out
-    tf: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -121,10 +117,6 @@ class Config:
             s += f"_wb{self.fbpf}"
         if self.gst:
             s += "_gs" if self.gst == 1 else f"_gs{self.gst}"
-        if self.ost:
-            s += "_os"
-        if self.tf:
-            s += "_tf"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -211,9 +203,9 @@ class Config:
             return "ki is a 0/1 knob and needs pf == 0 (pf prefetches each warp's own K slice)"
         if self.wl == 1 and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
-        knobs = (self.ppf, self.dbg, self.tag, self.ost, self.tf)
+        knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
-            return "ppf, tag, ost, tf and dbg are 0/1 knobs of the fused kind"
+            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
         if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.gst not in (0, 1, 2) or self.gst and self.kind != "fused":
@@ -320,8 +312,6 @@ def check_fused(cfg: Config, m: int, n: int, k: int, a0: int, nb: int, kb: int) 
         return "N_B must be positive"
     if cfg.gst and nb % 2 or cfg.gst == 2 and (nb % 8 or cfg.fb_passes != 1):
         return "gst stores g1 column pairs (N_B even), gst 2 8-column chunks (N_B % 8 == 0, one pass)"
-    if cfg.ost and n % 4:
-        return "ost stores 4 columns of out at once: N % 4 == 0"
     if cfg.fb_tiles * (kb // 32) > 16:
         return "fb_tiles * K_B/32 > 16 (over 64 weight registers per lane)"
     return None
@@ -421,7 +411,9 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # run50 (two sweeps): at m_tile 16 the launch bound minb 3 (76 -> 78 registers, same
             # instructions, another schedule) 0.7-1.1 us faster at M = 9, 12, 0.3-0.7 at 16.
             # run58/run59 (four sweeps): g1 stored as bf16x2 pairs (gst 1) 0.8-0.95 us faster at
-            # M = 16, 0.3-0.45 at 14, 0-0.25 at 9, 12, 0-0.2 at m_tile 8 (gst 2 and ost no better)
+            # M = 16, 0.3-0.45 at 14, 0-0.25 at 9, 12, 0-0.2 at m_tile 8 (gst 2 equal; out 4 columns per
+            # thread (ost) no faster, the producers' pairs before out (tf, run60) slower: code of both
+            # at commit 69e9694, removed)
             return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3, gst=1)
         if cfg.m_tile == 16:
             # (no prepacked weight) run34/run35 chose 6 consumer blocks with two passes each, but

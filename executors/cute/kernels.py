@@ -699,8 +699,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     FBPF = cfg.fbpf
     GST = cfg.gst
     GROW = NW * RB * 4  # gst 2: bf16x2 words per g1 row of a consumer block
-    OST = cfg.ost
-    TF = cfg.tf
     OVERHANG = TAG and (a0 % (8 * R * WN) or kb % (8 * R * WN))
     RP = -(-nb // max(1, P))  # W_FB rows per producer (fbpf)
     N = n
@@ -798,76 +796,55 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 ai, ci, r, m, c8 = ents[q]
                 red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
             cute.arch.sync_threads()
-            for phase in cutlass.range_constexpr(2):
-                # tf: producers publish f_a (the consumers' critical path) before storing out
-                if cutlass.const_expr(phase == (1 if TF else 0)):
-                    if cutlass.const_expr(OST):
-                        # 4 adjacent columns per thread: 16-byte shared loads, one 8-byte global store
-                        # (N % 4 == 0, out rows 8-byte aligned: kda_fused_step checks)
-                        for p in cutlass.range_constexpr((OUT_BLK // 4 + NTHR - 1) // NTHR):
-                            i4 = tid + p * NTHR
-                            if i4 < OUT_BLK // 4:
-                                sv = [Float32(0.0)] * 4
-                                for q in cutlass.range_constexpr(WK):
-                                    for j in cutlass.range_constexpr(4):
-                                        sv[j] = sv[j] + red[q * OUT_BLK + 4 * i4 + j]
-                                m = (i4 // 2) % MT
-                                col = blk0 + (i4 // (2 * MT)) * 8 + (i4 % 2) * 4
-                                if m < m_rows:
-                                    if col < N:
-                                        oa = mO.iterator.toint() + (Int64(m) * Int64(so) + Int64(col)) * 2
-                                        st_global_words(oa, [pack_bf16x2(sv[0], sv[1]), pack_bf16x2(sv[2], sv[3])])
-                    else:
-                        for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                            idx = tid + p * NTHR
-                            if idx < OUT_BLK:
-                                s = Float32(0.0)
-                                for q in cutlass.range_constexpr(WK):
-                                    s = s + red[q * OUT_BLK + idx]
-                                col8 = idx % 8
-                                m = (idx // 8) % MT
-                                rr = idx // (8 * MT)  # n8 tile within the block (wn * R + r)
-                                col = blk0 + rr * 8 + col8
-                                if m < m_rows:
-                                    if col < N:
-                                        mO[m, col] = s.to(BFloat16)
-                if cutlass.const_expr(phase == (0 if TF else 1)):
-                    if sb < P:
-                        if cutlass.const_expr(DBG):
-                            if tid == 0:
-                                _stamp(ctr, bid, 1)
-                        if cutlass.const_expr(TAG):
-                            # f_a again as (bf16x2, epoch + 1) pairs: the consumers spin on these
-                            for pp in cutlass.range_constexpr((OUT_BLK // 2 + NTHR - 1) // NTHR):
-                                pidx = tid + pp * NTHR
-                                if pidx < OUT_BLK // 2:
-                                    i0 = 2 * pidx
-                                    s0 = Float32(0.0)
-                                    s1 = Float32(0.0)
-                                    for q in cutlass.range_constexpr(WK):
-                                        s0 = s0 + red[q * OUT_BLK + i0]
-                                        s1 = s1 + red[q * OUT_BLK + i0 + 1]
-                                    m = (i0 // 8) % MT
-                                    col = blk0 + (i0 // (8 * MT)) * 8 + i0 % 8
-                                    if cutlass.const_expr(OVERHANG):
-                                        # tiles wider than f_a's alignment (e.g. warps_n 3: 48 rows)
-                                        # also hold columns outside [A0, A0 + KB): not f_a, no pair
-                                        if col < A0 or col >= A0 + KB:
-                                            m = MT
-                                    if m < m_rows:
-                                        pa = ctr + Int64(TAG_OFF) + Int64(m * (KB // 2) + (col - A0) // 2) * 8
-                                        st_tagged(pa, pack_bf16x2(s0, s1), ep + 1)
-                            cute.arch.sync_threads()  # every thread's epoch read before the arrival
-                            if tid == 0:
-                                red_epoch(ctr + Int64(8), sb, TOTAL)
-                        else:
-                            cute.arch.sync_threads()
-                            if tid == 0:
-                                # the barrier orders the block's f_a stores before this thread's fence
-                                # (cumulative), so one fence per block publishes them all (run22:
-                                # 0-0.2 us faster than a fence in every thread)
-                                fence_acq_rel_gpu()
-                                red_add_release_gpu(ctr, Int32(1))
+            for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                idx = tid + p * NTHR
+                if idx < OUT_BLK:
+                    s = Float32(0.0)
+                    for q in cutlass.range_constexpr(WK):
+                        s = s + red[q * OUT_BLK + idx]
+                    col8 = idx % 8
+                    m = (idx // 8) % MT
+                    rr = idx // (8 * MT)  # n8 tile within the block (wn * R + r)
+                    col = blk0 + rr * 8 + col8
+                    if m < m_rows:
+                        if col < N:
+                            mO[m, col] = s.to(BFloat16)
+            if sb < P:
+                if cutlass.const_expr(DBG):
+                    if tid == 0:
+                        _stamp(ctr, bid, 1)
+                if cutlass.const_expr(TAG):
+                    # f_a again as (bf16x2, epoch + 1) pairs: the consumers spin on these
+                    for pp in cutlass.range_constexpr((OUT_BLK // 2 + NTHR - 1) // NTHR):
+                        pidx = tid + pp * NTHR
+                        if pidx < OUT_BLK // 2:
+                            i0 = 2 * pidx
+                            s0 = Float32(0.0)
+                            s1 = Float32(0.0)
+                            for q in cutlass.range_constexpr(WK):
+                                s0 = s0 + red[q * OUT_BLK + i0]
+                                s1 = s1 + red[q * OUT_BLK + i0 + 1]
+                            m = (i0 // 8) % MT
+                            col = blk0 + (i0 // (8 * MT)) * 8 + i0 % 8
+                            if cutlass.const_expr(OVERHANG):
+                                # tiles wider than f_a's alignment (e.g. warps_n 3: 48 rows)
+                                # also hold columns outside [A0, A0 + KB): not f_a, no pair
+                                if col < A0 or col >= A0 + KB:
+                                    m = MT
+                            if m < m_rows:
+                                pa = ctr + Int64(TAG_OFF) + Int64(m * (KB // 2) + (col - A0) // 2) * 8
+                                st_tagged(pa, pack_bf16x2(s0, s1), ep + 1)
+                    cute.arch.sync_threads()  # every thread's epoch read before the arrival
+                    if tid == 0:
+                        red_epoch(ctr + Int64(8), sb, TOTAL)
+                else:
+                    cute.arch.sync_threads()
+                    if tid == 0:
+                        # the barrier orders the block's f_a stores before this thread's fence
+                        # (cumulative), so one fence per block publishes them all (run22:
+                        # 0-0.2 us faster than a fence in every thread)
+                        fence_acq_rel_gpu()
+                        red_add_release_gpu(ctr, Int32(1))
             if cutlass.const_expr(DBG):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
