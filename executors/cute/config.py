@@ -83,8 +83,8 @@ class Config:
     # the f_a poll (knob pe: equal at m_tile 8, 0.5-1 us slower at 16)
     fbpf: int = 0
     # fused: the consumers store g1 as bf16x2 pairs (one 32-bit store per two columns) instead of
-    # one 16-bit store per value: half the store instructions where the F_B tail queues behind
-    # the stream blocks' loads on the same SM
+    # one 16-bit store per value: half the store instructions at the end of the step, where each
+    # memory instruction queues behind the whole GPU's weight loads (run60 timeline)
     gst: int = 0  # 2: staged through shared memory, one 16-byte store per thread
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
