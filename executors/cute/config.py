@@ -86,6 +86,9 @@ class Config:
     # one 16-bit store per value: half the store instructions at the end of the step, where each
     # memory instruction queues behind the whole GPU's weight loads (run60 timeline)
     gst: int = 0  # 2: staged through shared memory, one 16-byte store per thread
+    # fused: only the first pwu of iteration 0's `unroll` K steps are loaded before the PDL wait
+    # (0 = all), so less of the next launch's traffic competes with this launch's F_B tail
+    pwu: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -117,6 +120,8 @@ class Config:
             s += f"_wb{self.fbpf}"
         if self.gst:
             s += "_gs" if self.gst == 1 else f"_gs{self.gst}"
+        if self.pwu:
+            s += f"_pw{self.pwu}"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -210,6 +215,8 @@ class Config:
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.gst not in (0, 1, 2) or self.gst and self.kind != "fused":
             return "gst is a 0/1/2 knob of the fused kind"
+        if not 0 <= self.pwu <= self.unroll or self.pwu and self.kind != "fused":
+            return "pwu (0..unroll) is a knob of the fused kind"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
         return None

@@ -367,10 +367,10 @@ def _weight_addrs(w_base, n_tile0, g, t, lane, step0, R: int, N: int, K: int, WL
     return out
 
 
-def _load_w(w_addr, it: int, U: int, R: int, w_step: int, IS: int):
-    """Weight vectors of K iteration `it` (IS steps after iteration it - 1): U steps x R n8
+def _load_w(w_addr, it: int, U: int, R: int, w_step: int, IS: int, u0: int = 0):
+    """Weight vectors of K iteration `it` (IS steps after iteration it - 1): steps u0..U-1 x R n8
     tiles (see _weight_addrs)."""
-    return [ld_weights_v4(w_addr[r] + Int64((it * IS + u) * w_step)) for u in range(U) for r in range(R)]
+    return [ld_weights_v4(w_addr[r] + Int64((it * IS + u) * w_step)) for u in range(u0, U) for r in range(R)]
 
 
 def _x_addrs(x_base, sx, m_rows, g, koff):
@@ -697,6 +697,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     TAG = cfg.tag
     DBG = cfg.dbg
     FBPF = cfg.fbpf
+    PWU = cfg.pwu or U  # K steps of iteration 0 loaded before the PDL wait
     GST = cfg.gst
     GROW = NW * RB * 4  # gst 2: bf16x2 words per g1 row of a consumer block
     OVERHANG = TAG and (a0 % (8 * R * WN) or kb % (8 * R * WN))
@@ -760,10 +761,12 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                                          Int32(part // 4), lane, 4)
                     else:
                         _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
-            w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
+            w_cur = _load_w(w_addr, 0, PWU, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
                 pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
+            if cutlass.const_expr(PWU < U):  # the rest of iteration 0 after the wait (knob pwu)
+                w_cur = w_cur + _load_w(w_addr, 0, U, R, W_STEP, IS, PWU)
             ep = Int32(0)
             if cutlass.const_expr(TAG):
                 if sb < P:  # this launch's epoch (earlier launches advanced it)
