@@ -579,13 +579,14 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed in run60) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
-    # run61: between run56's pw (no weight loads before the PDL wait: 1-2 us slower) and the
-    # default (all of iteration 0): only its first 1 / 2 / 3 K steps before the wait (pwu), so
-    # less of the next launch's traffic queues ahead of this launch's F_B chain
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 2, "only_mt": 16}),
+    # run61 (two sweeps, ..._run61_sweep_{a,b}.md): between run56's pw (no weight loads before the
+    # PDL wait: 1-2 us slower) and the default (all of iteration 0): only its first 1 / 2 / 3 K
+    # steps before the wait (pwu), so less of the next launch's traffic queues ahead of this
+    # launch's F_B chain: at m_tile 16 pwu 3 and 2 0.0-0.2 us faster at M = 9..16 (pwu 3 the default
+    # since), 1 0.2-0.35 slower; at m_tile 8 pwu 2 0.1-0.2 slower
+    # (timed in run61) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 2, "only_mt": 16}),
+    # (timed in run61) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "pwu": 2, "only_mt": 8}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "pwu": 2, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

@@ -346,7 +346,7 @@ def test_fused_store_knobs_ptx():
     base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
     assert base.gst == 1 and ec.Config.from_dict(base.to_dict()) == base and "_gs_" in base.key()
     g2 = dataclasses.replace(base, gst=2)
-    assert g2.key().endswith("_gs2_pdl1") and ec.check_fused(g2, 16, NP, 7168, NQ, NFB, NFA) is None
+    assert "_gs2_" in g2.key() and ec.check_fused(g2, 16, NP, 7168, NQ, NFB, NFA) is None
     assert "N_B" in ec.check_fused(base, 16, NP, 7168, NQ, NFB - 1, NFA)
     assert "N_B" in ec.check_fused(dataclasses.replace(g2, fb_passes=2), 16, NP, 7168, NQ, NFB, NFA)
     assert "N_B" in ec.check_fused(g2, 16, NP, 7168, NQ, NFB - 4, NFA)
@@ -367,6 +367,24 @@ def test_fused_store_knobs_ptx():
     assert counts[plain.key()] == [0, 0]
     assert counts[base.key()] == [4, 0] and counts[g2.key()] == [0, 1]
     assert counts[wn3.key()] == [4, 0]
+
+
+def test_fused_prologue_loads_ptx():
+    """pwu: only the first pwu of iteration 0's K steps (2 weight vectors each with the swapped
+    roles) are loaded before the stream part's PDL wait, the rest right after it; 0 = all 4."""
+    base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
+    assert base.pwu == 3 and base.key().endswith("_gs_pw3_pdl1")
+    assert "pwu" in dataclasses.replace(base, pwu=5).check(16, NP, 7168)
+    assert "pwu" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, pwu=1).check(8, NP, 7168)
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    ld = "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+    for pw, before in ((0, 8), (3, 6), (1, 2)):
+        ptx = ec.compile_fused_for_arch(dataclasses.replace(base, pwu=pw), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        wait = ptx.index("griddepcontrol.wait")
+        assert ptx[:wait].count(ld) == before, pw
+        assert ptx.count(ld) == ec.compile_fused_for_arch(base, NP, 7168, NQ, NFB, NFA, arch="sm_90a").count(ld)
 
 
 def test_fused_wfb_prefetch_ptx():
@@ -756,7 +774,8 @@ def test_swap_layout_feeds_mma_fragments():
     # defaults with a prepacked weight (run49): swap at both m_tiles, fused at every M
     for m in (1, 8, 9, 16):
         c = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
-        assert (c.swap, c.wl, c.fb_passes, c.fbpf, c.minb, c.gst) == (1, 2, 1, 3 if m <= 8 else 0, 3, 1), c.key()
+        assert (c.swap, c.wl, c.fb_passes, c.fbpf, c.minb, c.gst, c.pwu) == (
+            1, 2, 1, 3 if m <= 8 else 0, 3, 1, 0 if m <= 8 else 3), c.key()
         assert ec.fused_is_default(c, m) and ec.check_fused(c, m, NP, 7168, NQ, NFB, NFA) is None
     assert ec.default_fused_config(8, NP, 7168, NFA, None, True).swap == 0  # untagged: no swap
 

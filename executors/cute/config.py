@@ -421,7 +421,11 @@ def default_fused_config(m: int, n: int, k: int, kb: int = 128, a0: int | None =
             # M = 16, 0.3-0.45 at 14, 0-0.25 at 9, 12, 0-0.2 at m_tile 8 (gst 2 equal; out 4 columns per
             # thread (ost) no faster, the producers' pairs before out (tf, run60) slower: code of both
             # at commit 69e9694, removed)
-            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3, gst=1)
+            # run61 (two sweeps): at m_tile 16 only the first 3 of iteration 0's 4 K steps before
+            # the PDL wait (pwu 3; 2 equal, 1 slower) 0.0-0.2 us faster at M = 9..16 (0.1-0.2 at 14,
+            # 16); at m_tile 8 pwu 2 no faster
+            return dataclasses.replace(cfg, swap=1, wl=2, fb_passes=1, minb=3, gst=1,
+                                       pwu=3 if cfg.m_tile == 16 and cfg.unroll == 4 else 0)
         if cfg.m_tile == 16:
             # (no prepacked weight) run34/run35 chose 6 consumer blocks with two passes each, but
             # since run49 that kernel measures 26.2-28.5 us at M = 9..14 (23.9-24.7 in run48, same
