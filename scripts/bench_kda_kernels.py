@@ -587,10 +587,9 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed in run61) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 2, "only_mt": 16}),
     # (timed in run61) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "pwu": 2, "only_mt": 8}),
     (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "only_mt": 16}),
-    # run62: the same idea for the producers' L2 prefetch of their share: the warps of the second
-    # K half issue it after the PDL wait (ppfh), at both m_tiles
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "ppfh": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "ppfh": 1, "only_mt": 8}),
+    # run62 (two sweeps, ..._run62_sweep_{a,b}.md): the same idea for the producers' L2 prefetch of
+    # their share, the warps of the second K half issuing it after the PDL wait (knob ppfh, code at
+    # commit 74a2a73, removed): -0.2..+0.1 us at m_tile 16 (noise), 0.15-0.3 us slower at 8
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

@@ -89,9 +89,6 @@ class Config:
     # fused: only the first pwu of iteration 0's `unroll` K steps are loaded before the PDL wait
     # (0 = all), so less of the next launch's traffic competes with this launch's F_B tail
     pwu: int = 0
-    # fused, ppf with wl 2: the producer warps of the second K half issue their L2 prefetch after
-    # the PDL wait instead of before it (during the previous launch's F_B tail)
-    ppfh: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -125,8 +122,6 @@ class Config:
             s += "_gs" if self.gst == 1 else f"_gs{self.gst}"
         if self.pwu:
             s += f"_pw{self.pwu}"
-        if self.ppfh:
-            s += "_ph"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -222,9 +217,6 @@ class Config:
             return "gst is a 0/1/2 knob of the fused kind"
         if not 0 <= self.pwu <= self.unroll or self.pwu and self.kind != "fused":
             return "pwu (0..unroll) is a knob of the fused kind"
-        if self.ppfh not in (0, 1) or self.ppfh and not (self.kind == "fused" and self.ppf and self.wl == 2
-                                                         and self.warps_k % 2 == 0):
-            return "ppfh is a 0/1 knob of the fused kind with ppf, wl 2 and even warps_k"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
         return None

@@ -698,7 +698,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     DBG = cfg.dbg
     FBPF = cfg.fbpf
     PWU = cfg.pwu or U  # K steps of iteration 0 loaded before the PDL wait
-    PPFH = cfg.ppfh
     GST = cfg.gst
     GROW = NW * RB * 4  # gst 2: bf16x2 words per g1 row of a consumer block
     OVERHANG = TAG and (a0 % (8 * R * WN) or kb % (8 * R * WN))
@@ -758,22 +757,14 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         # warp wk's WK-th part per lane 0..3
                         part = (R // 2) * (K // 32) * 1024 // WK
                         reg = w_base + Int64(n_tile0 // 16) * ((K // 32) * 1024)
-                        # ppfh: the warps of the second K half prefetch after the PDL wait
-                        ph = lane + 4 * (wk // (WK // 2)) if PPFH else lane
                         prefetch_l2_bulk(reg + Int64(wk * part) + Int64(lane * (part // 4)),
-                                         Int32(part // 4), ph, 4)
+                                         Int32(part // 4), lane, 4)
                     else:
                         _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
             w_cur = _load_w(w_addr, 0, PWU, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
                 pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
-            if cutlass.const_expr(PPFH):
-                if sb < P:
-                    part = (R // 2) * (K // 32) * 1024 // WK
-                    reg = w_base + Int64(n_tile0 // 16) * ((K // 32) * 1024)
-                    prefetch_l2_bulk(reg + Int64(wk * part) + Int64(lane * (part // 4)),
-                                     Int32(part // 4), lane + 4 * (1 - wk // (WK // 2)), 4)
             if cutlass.const_expr(PWU < U):  # the rest of iteration 0 after the wait (knob pwu)
                 w_cur = w_cur + _load_w(w_addr, 0, U, R, W_STEP, IS, PWU)
             ep = Int32(0)
