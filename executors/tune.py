@@ -480,6 +480,17 @@ def _variant_sigs(cp, dim: str, bucket: int) -> dict:
     return out
 
 
+def bucket_probes(buckets: list, lo: int = 1) -> list:
+    """[(bucket, [M...])]: each bucket with the ends of the M range it serves (the previous
+    bucket + 1, or the dim's lower bound, up to the bucket itself)."""
+    out, prev = [], None
+    for b in sorted(buckets):
+        first = max(lo, 1) if prev is None else prev + 1
+        out.append((b, sorted({min(first, b), b})))
+        prev = b
+    return out
+
+
 def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: list, iters=20, trials=5,
                   nsets=4, log=_log, dev="cuda", alternatives: dict | None = None) -> dict:
     """{region: {bucket: {variant: us}}}: each region forced to each of its variants (all regions
@@ -491,7 +502,12 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
     the variant is switched to its alternative once (greedy); the switch is kept in
     tuning["backends"] when the whole variant gets faster (standalone winners need not win
     together: two kernels that each saturate HBM do not overlap). Then all variants are timed
-    again with the final choices; those times are what the limits are derived from."""
+    again with the final choices; those times are what the limits are derived from.
+
+    A bucket serves every M from the previous bucket + 1 up to itself, so each time here is the
+    worse of the bucket's two ends (bucket_probes): a library may pick another algorithm inside
+    the bucket (H200: at M = 13..15 cuBLAS's split-K F_A kernel did not run beside the QKVG
+    kernel, at 16 it did, so the two-branch variant took 29.8 instead of 26.7 us)."""
     import torch
 
     from .check import make_data
@@ -510,11 +526,15 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
     table = tuning.setdefault("backends", {})
     tuning.setdefault("refinements", [])
     out: dict = {r: {} for r in regions}
-    for b in buckets:
-        bind = {**{d: plan.dims[d].hi for d in plan.dims}, dim: b}
-        ins, _ = make_data(plan, bind, seed=7 + b, rank=0, device=dev)
+    for b, probes in bucket_probes(buckets, plan.dims[dim].lo):
+        data = {}
+        for m in probes:
+            bind = {**{d: plan.dims[d].hi for d in plan.dims}, dim: m}
+            data[m] = (bind, make_data(plan, bind, seed=7 + m, rank=0, device=dev)[0])
 
-        def make(name, bind=bind, ins=ins):
+        def make(name, m, data=data):
+            bind, ins = data[m]
+
             def f(i):
                 ex = exs[i % nsets]
                 saved = dict(ex._gates)
@@ -528,12 +548,21 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
                     ex._gates.update(saved)
             return f
 
+        def worst(vnames, probes=probes, b=b, make=make):
+            """{variant: us}, the slower of the bucket's ends; logs both where there are two."""
+            per = {m: time_graphs({n: make(n, m) for n in vnames}, iters=iters, trials=trials, nsets=nsets)
+                   for m in probes}
+            if len(probes) > 1:
+                log(f"[tune]   {dim}={b} ends " + "; ".join(
+                    f"{m}: " + ", ".join(f"{n} {per[m][n]:.2f}" for n in vnames) for m in probes))
+            return {n: max(per[m][n] for m in probes) for n in vnames}
+
         if alternatives:
             vsigs = _variant_sigs(exs[0].compiled, dim, b)
             for (rid, vname), sigs in sorted(vsigs.items()):
                 if rid != next(iter(regions)):   # regions alike (layers): refine on the first
                     continue
-                cur = time_graphs({vname: make(vname)}, iters=iters, trials=trials, nsets=nsets)[vname]
+                cur = worst([vname])[vname]
                 shapes = tunable_shapes(exs[0])
                 for sig in sigs:
                     alt = alternatives.get(sig)
@@ -544,7 +573,7 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
                     table[sig] = {"backend": alt[0], "config": alt[1]}
                     for ex in exs:
                         apply_tuning(ex, tuning)
-                    t_alt = time_graphs({vname: make(vname)}, iters=iters, trials=trials, nsets=nsets)[vname]
+                    t_alt = worst([vname])[vname]
                     keep = t_alt < cur * 0.995
                     tuning["refinements"].append({"bucket": b, "variant": vname, "signature": sig, "from": old,
                                                   "to": table[sig], "us_before": round(cur, 3),
@@ -557,7 +586,7 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
                         table[sig] = old
                         for ex in exs:
                             apply_tuning(ex, tuning)
-        t = time_graphs({n: make(n) for n in names}, iters=iters, trials=trials, nsets=nsets)
+        t = worst(names)
         for rid, reg in regions.items():
             vn = {v.name for v in reg.variants}
             out[rid][str(b)] = {n: round(us, 3) for n, us in t.items() if n in vn}

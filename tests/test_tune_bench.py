@@ -263,3 +263,30 @@ def test_variant_refinement_mechanics_on_cpu():
     assert all(r["to"]["backend"] == "torch" for r in t["refinements"])
     assert all(e["backend"] == "torch" for e in t["backends"].values())
     validate_tuning(t)
+
+
+def test_variant_times_are_the_worse_bucket_end(monkeypatch):
+    """A bucket serves M = previous bucket + 1 .. bucket: each variant is timed at both ends and
+    the slower counts (cuBLAS picked a split-K F_A kernel at M = 13..15 that did not overlap the
+    QKVG kernel, while M = 16 was fine)."""
+    import executors.tune as tune
+    assert tune.bucket_probes([1, 2, 4, 8, 12, 16]) == [
+        (1, [1]), (2, [2]), (4, [3, 4]), (8, [5, 8]), (12, [9, 12]), (16, [13, 16])]
+    assert tune.bucket_probes([8, 16], lo=4) == [(8, [4, 8]), (16, [9, 16])]
+
+    def fake_time_graphs(fns, **kw):  # us = the M the step ran at (+1 for packed), from its outputs
+        out = {}
+        for n, f in fns.items():
+            m = next(iter(f(0).values())).shape[0]
+            out[n] = float(m) + (1.0 if n == "packed" else 0.0) + (20.0 if m == 2 else 0.0)
+        return out
+
+    monkeypatch.setattr(tune, "time_graphs", fake_time_graphs)
+    load = lambda: load_plan(KDA, dict(SMALL))  # noqa: E731
+    lines = []
+    out = tune.time_variants(compile_plan, load, new_tuning(), "num_tokens", [1, 4], iters=1, trials=1,
+                             nsets=1, dev="cpu", log=lines.append)
+    v = out["kda_projection.0"]
+    assert v["1"] == {"two_branch": 1.0, "packed": 2.0}
+    assert v["4"] == {"two_branch": 22.0, "packed": 23.0}  # M = 2 (the low end) is the slow one
+    assert any("num_tokens=4 ends 2:" in ln and "; 4:" in ln for ln in lines)

@@ -3,6 +3,7 @@ takes ~29 us at M = 13..15 but ~26 at 12 and 16 (bench_kda_step's "forced two_br
 Captures 20 forced two-branch steps (4 weight sets) in a CUDA graph at each M, replays it under
 torch.profiler and prints the GPU kernels of one replay with their total time, and the executor's
 backend choices. Run from the repo root after staging (see ../kda_kernels/run_gpu.sh)."""
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch  # noqa: E402
 from executors.tune import ForcedGate, capture_steps, load_tuning, tuned_executor  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 
-T = ROOT / "results/tuning/2026-11-30_h200_k3_kda_projection.json"
+T = os.environ.get("TUNING") or ROOT / "results/tuning/2026-11-30_h200_k3_kda_projection.json"
 tuning = load_tuning(str(T))
 dev = torch.device("cuda")
 gen = torch.Generator().manual_seed(0)
