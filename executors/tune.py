@@ -9,7 +9,8 @@ checked against an fp32 reference on fresh random inputs with a poisoned output,
 timed inside CUDA-graph replays (``iters`` steps per graph rotating ``nsets`` weight
 sets so L2 does not flatter, two warm-ups, median of ``trials`` replays in alternating
 order). Then every region's variants are timed end to end per bucket with the winning
-backends, and the limits the gates read (``tuned.NAME``) are derived from those
+backends, at both ends of the M range the bucket serves (the slower counts; a library may
+switch algorithms inside a bucket), and the limits the gates read (``tuned.NAME``) are derived from those
 measurements: the largest bucket B such that the gated variant beat the fallback at
 every bucket <= B (0 when it never wins).
 
