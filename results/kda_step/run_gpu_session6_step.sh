@@ -4,7 +4,7 @@
 # Run after staging the wheels (see ../kda_kernels/run_gpu.sh), with PYTHONPATH and PLANNER_CACHE_DIR set.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/full
 export PYTHONUNBUFFERED=1
-T=results/tuning/2026-11-30_h200_k3_kda_projection.json
+T=${TUNING:-results/tuning/2026-11-30_h200_k3_kda_projection.json}  # (session 8: overridable)
 for run in a b; do
   timeout 100 python3 scripts/bench_kda_step.py --tuning $T --out /tmp/full/$run > $OUT/step_$run.log 2>&1; echo rc=$? >> $OUT/step_$run.log
 done

@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # Session 8 (2026-11-30): the compiled-plan KDA step bench twice and `planner bench` with the re-tuned file
-# (bucket-end probing, ..._s8.json), on whichever H200 the call lands on (the GPU UUID is printed).
+# (bucket-end probing, ..._s8.json), on whichever H200 the call lands on (its GPU UUID goes to gpu.txt).
 # Run after staging the wheels (see ../kda_kernels/run_gpu.sh), with PYTHONPATH and PLANNER_CACHE_DIR set.
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/full
-export PYTHONUNBUFFERED=1
-T=results/tuning/2026-11-30_h200_k3_kda_projection_s8.json
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=uuid,driver_version --format=csv,noheader > $OUT/gpu.txt
-for run in a b; do
-  timeout 100 python3 scripts/bench_kda_step.py --tuning $T --out /tmp/full/$run > $OUT/step_$run.log 2>&1; echo rc=$? >> $OUT/step_$run.log
-done
-cp /tmp/full/a/kda_step.json $OUT/step_a.json
-timeout 150 python3 -m planner.cli bench plans/k3_kda_projection.yaml --tuning $T --out /tmp/full/pb > $OUT/planner_bench.log 2>&1; echo rc=$? >> $OUT/planner_bench.log
-cat /tmp/full/pb/*.md >> $OUT/planner_bench.log 2>/dev/null
+TUNING=results/tuning/2026-11-30_h200_k3_kda_projection_s8.json exec bash "$(dirname "$0")/run_gpu_session6_step.sh"
