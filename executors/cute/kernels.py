@@ -224,11 +224,10 @@ def red_epoch(addr: Int64, idx: Int32, total: int, *, loc=None, ip=None):
 
 @dsl_user_op
 def st_global_words(addr: Int64, vals, *, loc=None, ip=None):
-    """One plain global store of 1, 2 or 4 32-bit words (e.g. bf16 pairs from pack_bf16x2);
+    """One plain global store of 1 or 4 32-bit words (e.g. bf16 pairs from pack_bf16x2);
     addr aligned to their total size."""
     n = len(vals)
-    body = {1: "st.global.b32 [$0], $1;", 2: "st.global.v2.b32 [$0], {$1, $2};",
-            4: "st.global.v4.b32 [$0], {$1, $2, $3, $4};"}[n]
+    body = {1: "st.global.b32 [$0], $1;", 4: "st.global.v4.b32 [$0], {$1, $2, $3, $4};"}[n]
     llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals],
                     body, "l" + ",r" * n, has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
