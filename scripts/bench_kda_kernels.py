@@ -590,10 +590,12 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # run62 (two sweeps, ..._run62_sweep_{a,b}.md): the same idea for the producers' L2 prefetch of
     # their share, the warps of the second K half issuing it after the PDL wait (knob ppfh, code at
     # commit 74a2a73, removed): -0.2..+0.1 us at m_tile 16 (noise), 0.15-0.3 us slower at 8
-    # run63 (session 9): the consumer warps that do not poll run their F_B code once dry while the
-    # pollers spin (iw), so the code after "f_a seen" does not start with instruction fetch misses
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "iw": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "iw": 1, "only_mt": 8}),
+    # run63 (session 9, two sweeps, ..._run63_sweep_{a,b}.md): the consumer warps that do not poll
+    # running their F_B code once dry while the pollers spin (knob iw, code at commit 7bee194,
+    # removed), so the code after "f_a seen" would not start with instruction fetch misses:
+    # -0.15..+0.15 us at m_tile 16 (noise), 0.1-0.27 slower at 8; the run63 timeline still shows
+    # 1-2.4 us from "f_a seen" to the consumers' end with it, so that tail is not instruction fetch
+    # (timed in run63) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "iw": 1, "only_mt": 16}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16

@@ -62,12 +62,11 @@ CASES = [  # (M, extra config fields)
     # the producers' tagged pairs stored before out, knob tf at commit 69e9694, as case 30)
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1)),
     (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1)),
-    # session 9 (run63): the m_tile-16 default (pwu 3) at M = 16 and 14 with and without the
-    # consumers' dry pass over their F_B code (iw): is the tail after "f_a seen" instruction fetch?
+    # session 9 (run63): the m_tile-16 default (pwu 3) at M = 16 and 14; run63 timed them with
+    # the consumers' dry pass over their F_B code (knob iw, code at commit 7bee194, removed) as
+    # cases 31 and 33: is the tail after "f_a seen" instruction fetch? (no: it stays 1-2.4 us)
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, iw=1)),
     (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3)),
-    (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, iw=1)),
 ]
 
 

@@ -89,10 +89,6 @@ class Config:
     # fused: only the first pwu of iteration 0's `unroll` K steps are loaded before the PDL wait
     # (0 = all), so less of the next launch's traffic competes with this launch's F_B tail
     pwu: int = 0
-    # fused: the consumer warps that do not poll run the F_B code once, dry (no stores), while
-    # the polling warps spin, so its instructions are in the SM's caches when f_a lands (an
-    # instruction fetch miss there queues behind the whole GPU's weight loads)
-    iw: int = 0
     # fused, diagnostics only (never a default): m_tile 16 without the second x row load per lane
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
@@ -126,8 +122,6 @@ class Config:
             s += "_gs" if self.gst == 1 else f"_gs{self.gst}"
         if self.pwu:
             s += f"_pw{self.pwu}"
-        if self.iw:
-            s += "_iw"
         if self.dx:
             s += "_dx"
         if self.dbg:
@@ -223,8 +217,6 @@ class Config:
             return "gst is a 0/1/2 knob of the fused kind"
         if not 0 <= self.pwu <= self.unroll or self.pwu and self.kind != "fused":
             return "pwu (0..unroll) is a knob of the fused kind"
-        if self.iw not in (0, 1) or self.iw and (self.kind != "fused" or not self.tag or self.gst == 2):
-            return "iw is a 0/1 knob of the fused kind with tag = 1 and gst 0/1"
         if self.fbpf < 0 or self.fbpf and self.kind != "fused":
             return "fbpf (>= 0) is a knob of the fused kind"
         return None

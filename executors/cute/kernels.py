@@ -442,18 +442,6 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
     return acc
 
 
-def _load_fb_rows(wb_base, row0, g, t, ps: int, RB: int, SB: int, NB: int, KB: int):
-    """Fused consumer lane's W_FB vectors of pass ps: rows row0 + (ps * RB + r) * 8 + g
-    (clamped to NB - 1), 16 bytes at t * 16 of each 64-byte K step."""
-    regs = []
-    for r in range(RB):
-        row = _imin(row0 + (ps * RB + r) * 8 + g, NB - 1)
-        ra = wb_base + Int64(row) * (KB * 2) + Int64(t * 16)
-        for sk in range(SB):
-            regs.append(ld_weights_v4(ra + Int64(sk * 64)))
-    return regs
-
-
 def _acc_entries(R: int, MT: int, SWAP: int, g, t):
     """(accumulator, component, n8 tile r, token row m, column c within the tile) of every
     accumulator value of this lane, for both operand roles: x as A (acc[r][2h + e] = token
@@ -710,7 +698,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     FBPF = cfg.fbpf
     PWU = cfg.pwu or U  # K steps of iteration 0 loaded before the PDL wait
     GST = cfg.gst
-    IW = cfg.iw
     GROW = NW * RB * 4  # gst 2: bf16x2 words per g1 row of a consumer block
     OVERHANG = TAG and (a0 % (8 * R * WN) or kb % (8 * R * WN))
     RP = -(-nb // max(1, P))  # W_FB rows per producer (fbpf)
@@ -871,7 +858,17 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             cb = sb - T_ALL
             row0 = (cb * NW + warp) * (8 * RB * FP)
             wb_base = mWB.iterator.toint()
-            wv = _load_fb_rows(wb_base, row0, g, t, 0, RB, SB, NB, KB)
+
+            def load_wb(ps):
+                regs = []
+                for r in cutlass.range_constexpr(RB):
+                    row = _imin(row0 + (ps * RB + r) * 8 + g, NB - 1)
+                    ra = wb_base + Int64(row) * (KB * 2) + Int64(t * 16)
+                    for sk in cutlass.range_constexpr(SB):
+                        regs.append(ld_weights_v4(ra + Int64(sk * 64)))
+                return regs
+
+            wv = load_wb(0)
             if cutlass.const_expr(FP > 1):
                 r1 = _imin(row0 + 8 * RB, NB - 1)
                 nrows = _imin(row0 + 8 * RB * FP, NB) - r1
@@ -880,81 +877,70 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
-            # iw: the warps that do not poll run the F_B code twice through this one loop body,
-            # first dry (lim 0: no stores) while f_a is not there yet, which brings its
-            # instructions into the SM; otherwise one pass (folded at compile time)
-            npass = Int32(1)
-            if cutlass.const_expr(IW):
-                if warp >= MT // 8:
-                    npass = Int32(2)
-            for ps_iw in cutlass.range(npass, unroll=1, at_least_once=True):
-                lim = Int32(0)
-                if ps_iw == npass - 1:
-                    ep = Int32(0)
-                    if cutlass.const_expr(TAG):
-                        # warp h (< m_tile / 8) spins on the tagged f_a pairs of row g + 8h for its
-                        # lanes (8 columns per 32-wide K step) and stages the values for all warps.
-                        # Register footprint matters here: with one row per warp the m_tile-8 and -16
-                        # kernels (t2/wk8) use 78 registers, 3 blocks/SM; a poll per (row, K step)
-                        # brought them to 64, 4 blocks/SM fit and the step got 4-5 us slower (run26)
-                        if warp < MT // 8:
-                            ep = ld_epoch(ctr + Int64(8))
-                            tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
-                            row = _imin(g + 8 * warp, m_rows - 1)
-                            vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
-                            for j in cutlass.range_constexpr(NV1):
-                                fs[(warp * 32 + lane) * NV1 + j] = vals[j]
+            ep = Int32(0)
+            if cutlass.const_expr(TAG):
+                # warp h (< m_tile / 8) spins on the tagged f_a pairs of row g + 8h for its
+                # lanes (8 columns per 32-wide K step) and stages the values for all warps.
+                # Register footprint matters here: with one row per warp the m_tile-8 and -16
+                # kernels (t2/wk8) use 78 registers, 3 blocks/SM; a poll per (row, K step)
+                # brought them to 64, 4 blocks/SM fit and the step got 4-5 us slower (run26)
+                if warp < MT // 8:
+                    ep = ld_epoch(ctr + Int64(8))
+                    tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
+                    row = _imin(g + 8 * warp, m_rows - 1)
+                    vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
+                    for j in cutlass.range_constexpr(NV1):
+                        fs[(warp * 32 + lane) * NV1 + j] = vals[j]
+            else:
+                if tid == 0:
+                    wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
+            cute.arch.sync_threads()
+            if cutlass.const_expr(DBG):
+                if tid == 0:
+                    _stamp(ctr, bid, 1)
+            o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
+            fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
+            fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
+            afr = []
+            for sk in cutlass.range_constexpr(SB):
+                if cutlass.const_expr(TAG):
+                    xg = [fs[lane * NV1 + sk * 4 + j] for j in range(4)]
+                    if cutlass.const_expr(MT == 16):
+                        xh = [fs[(32 + lane) * NV1 + sk * 4 + j] for j in range(4)]
                     else:
-                        if tid == 0:
-                            wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
-                    cute.arch.sync_threads()
-                    if cutlass.const_expr(DBG):
-                        if tid == 0:
-                            _stamp(ctr, bid, 1)
-                    lim = m_rows
-                o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
-                fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
-                fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
-                afr = []
+                        xh = [Int32(0)] * 4
+                else:
+                    xg = ld_l2_v4(fg + Int64(sk * 64))
+                    if cutlass.const_expr(MT == 16):
+                        xh = ld_l2_v4(fh + Int64(sk * 64))
+                    else:
+                        xh = [Int32(0)] * 4
+                afr.append([xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]])
+            for ps in cutlass.range_constexpr(FP):
+                if cutlass.const_expr(ps > 0):
+                    wv = load_wb(ps)
+                acc = [[Float32(0.0)] * 4 for _ in range(RB)]
                 for sk in cutlass.range_constexpr(SB):
-                    if cutlass.const_expr(TAG):
-                        xg = [fs[lane * NV1 + sk * 4 + j] for j in range(4)]
-                        if cutlass.const_expr(MT == 16):
-                            xh = [fs[(32 + lane) * NV1 + sk * 4 + j] for j in range(4)]
-                        else:
-                            xh = [Int32(0)] * 4
-                    else:
-                        xg = ld_l2_v4(fg + Int64(sk * 64))
-                        if cutlass.const_expr(MT == 16):
-                            xh = ld_l2_v4(fh + Int64(sk * 64))
-                        else:
-                            xh = [Int32(0)] * 4
-                    afr.append([xg[0], xh[0], xg[1], xh[1], xg[2], xh[2], xg[3], xh[3]])
-                for ps in cutlass.range_constexpr(FP):
-                    if cutlass.const_expr(ps > 0):
-                        wv = _load_fb_rows(wb_base, row0, g, t, ps, RB, SB, NB, KB)
-                    acc = [[Float32(0.0)] * 4 for _ in range(RB)]
-                    for sk in cutlass.range_constexpr(SB):
-                        for r in cutlass.range_constexpr(RB):
-                            acc[r] = mma_k32(afr[sk], wv[r * SB + sk], acc[r])
                     for r in cutlass.range_constexpr(RB):
-                        for h in cutlass.range_constexpr(MT // 8):
-                            m = g + 8 * h
-                            if cutlass.const_expr(GST == 2):  # staged: 16-byte stores below
-                                gsm[m * GROW + (warp * RB + r) * 4 + t] = pack_bf16x2(acc[r][2 * h], acc[r][2 * h + 1])
-                            elif cutlass.const_expr(GST == 1):
-                                # columns 2t, 2t + 1 as one 32-bit store (NB even: both or none)
-                                col = row0 + (ps * RB + r) * 8 + 2 * t
-                                if m < lim:
+                        acc[r] = mma_k32(afr[sk], wv[r * SB + sk], acc[r])
+                for r in cutlass.range_constexpr(RB):
+                    for h in cutlass.range_constexpr(MT // 8):
+                        m = g + 8 * h
+                        if cutlass.const_expr(GST == 2):  # staged: 16-byte stores below
+                            gsm[m * GROW + (warp * RB + r) * 4 + t] = pack_bf16x2(acc[r][2 * h], acc[r][2 * h + 1])
+                        elif cutlass.const_expr(GST == 1):
+                            # columns 2t, 2t + 1 as one 32-bit store (NB even: both or none)
+                            col = row0 + (ps * RB + r) * 8 + 2 * t
+                            if m < m_rows:
+                                if col < NB:
+                                    ga = mG.iterator.toint() + (Int64(m) * Int64(sg) + Int64(col)) * 2
+                                    st_global_words(ga, [pack_bf16x2(acc[r][2 * h], acc[r][2 * h + 1])])
+                        else:
+                            for e in cutlass.range_constexpr(2):
+                                col = row0 + (ps * RB + r) * 8 + 2 * t + e
+                                if m < m_rows:
                                     if col < NB:
-                                        ga = mG.iterator.toint() + (Int64(m) * Int64(sg) + Int64(col)) * 2
-                                        st_global_words(ga, [pack_bf16x2(acc[r][2 * h], acc[r][2 * h + 1])])
-                            else:
-                                for e in cutlass.range_constexpr(2):
-                                    col = row0 + (ps * RB + r) * 8 + 2 * t + e
-                                    if m < lim:
-                                        if col < NB:
-                                            mG[m, col] = acc[r][2 * h + e].to(BFloat16)
+                                        mG[m, col] = acc[r][2 * h + e].to(BFloat16)
             if cutlass.const_expr(GST == 2):
                 # the block's g1 tile (MT rows x NW * RB * 8 contiguous columns, one pass) leaves
                 # as 16-byte row chunks: one store per thread instead of 8 (4 with GST 1)

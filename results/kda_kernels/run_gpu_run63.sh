@@ -10,3 +10,5 @@ for r in a b; do
 timeout 200 python3 scripts/bench_kda_kernels.py --variant-sweep --ms 1,4,8,9,12,14,16 --out $OUT/$r > $OUT/vsweep_$r.log 2>&1; echo rc=$? >> $OUT/vsweep_$r.log
 done
 timeout 150 python3 scripts/fused_timeline.py --cases 30,31,32,33 --out /tmp/tl > $OUT/timeline.log 2>&1; echo rc=$? >> $OUT/timeline.log
+# (after run63 the iw cases were dropped from fused_timeline.py: cases 30, 31 are now the default at
+# M = 16, 14; iw itself is at commit 7bee194)
