@@ -596,6 +596,15 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # -0.15..+0.15 us at m_tile 16 (noise), 0.1-0.27 slower at 8; the run63 timeline still shows
     # 1-2.4 us from "f_a seen" to the consumers' end with it, so that tail is not instruction fetch
     # (timed in run63) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "iw": 1, "only_mt": 16}),
+    # run64 (session 9): fewer loads in flight. 396 blocks x 32 KB of weight loads per block (12.7 MB)
+    # against ~3 MB that saturate HBM at its unloaded latency: every request, the f_a handoff's polls
+    # and stores included, waits ~3 us in queues (Little). 4 warps per block (128 threads, minb 6:
+    # 80 registers, 6 blocks/SM) halve it, and all 417 blocks (393 stream + 24 consumers) fit in one
+    # wave; half the unroll (u2) halves it with 256 threads
+    (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 6, "gst": 1, "pwu": 3, "only_mt": 16}),
+    (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 5, "gst": 1, "pwu": 3, "only_mt": 16}),
+    (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
+    (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 6, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
