@@ -600,11 +600,13 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # against ~3 MB that saturate HBM at its unloaded latency: every request, the f_a handoff's polls
     # and stores included, waits ~3 us in queues (Little). 4 warps per block (128 threads, minb 6:
     # 80 registers, 6 blocks/SM) halve it, and all 417 blocks (393 stream + 24 consumers) fit in one
-    # wave; half the unroll (u2) halves it with 256 threads
-    (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 6, "gst": 1, "pwu": 3, "only_mt": 16}),
-    (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 5, "gst": 1, "pwu": 3, "only_mt": 16}),
-    (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
-    (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 6, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
+    # wave; half the unroll (u2) halves it with 256 threads. Result (two sweeps, ..._run64_sweep_{a,b}.md):
+    # 4 warps 8.5-10 us slower at both m_tiles (the timeline: period 35 us, 42 blocks starting up to 20 us
+    # late), u2 0.4-1.1 us slower: the loads in flight are needed, the latency does not shrink with them
+    # (timed in run64) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 6, "gst": 1, "pwu": 3, "only_mt": 16}),
+    # (timed in run64) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 5, "gst": 1, "pwu": 3, "only_mt": 16}),
+    # (timed in run64) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
+    # (timed in run64) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 6, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
 ]
 VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
     # share their x slices (through L1) instead of each reading its own K slice of x; run16
