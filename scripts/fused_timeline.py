@@ -72,6 +72,12 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16, warps_k=4, ppf=1, tag=1, ki=1, minb=6, swap=1, wl=2, gst=1, pwu=3)),
     (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1)),
     (8, dict(m_tile=8, warps_k=4, ppf=1, tag=1, ki=1, fbpf=3, minb=6, swap=1, wl=2, gst=1)),
+    # run65: where the m_tile-16 consumers' 1-1.4 us after "f_a seen" go: their mid stamp after the
+    # last mma (dbg 2) or after the g1 stores are issued (dbg 3), at M = 16 and (m_tile 8) at 8
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=2)),
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=3)),
+    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1, dbg=2)),
+    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1, dbg=3)),
 ]
 
 

@@ -93,7 +93,9 @@ class Config:
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
-    # its SM id into the workspace after the counter (see kernels.build_fused); never a default
+    # its SM id into the workspace after the counter (see kernels.build_fused); never a default.
+    # The consumers' mid stamp: 1 f_a seen (after the barrier), 2 after their last mma, 3 after
+    # their g1 stores are issued
     dbg: int = 0
 
     def _suffix(self) -> str:
@@ -125,7 +127,7 @@ class Config:
         if self.dx:
             s += "_dx"
         if self.dbg:
-            s += "_dbg"
+            s += "_dbg" if self.dbg == 1 else f"_dbg{self.dbg}"
         return s
 
     def key(self) -> str:
@@ -209,8 +211,10 @@ class Config:
         if self.wl == 1 and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
         knobs = (self.ppf, self.dbg, self.tag)
-        if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs):
+        if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs[:1] + knobs[2:]):
             return "ppf, tag and dbg are 0/1 knobs of the fused kind"
+        if self.dbg not in (0, 1, 2, 3):
+            return "dbg is 0..3 (1..3: where the consumers' mid stamp is taken, see kernels.build_fused)"
         if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.gst not in (0, 1, 2) or self.gst and self.kind != "fused":

@@ -242,6 +242,17 @@ def globaltimer(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def globaltimer_after(dep: Float32, *, loc=None, ip=None):
+    """%globaltimer read once `dep` is available (the value is +1 ns when dep == 1.0000001f, which
+    ptxas cannot rule out, so the read waits for dep's producer, e.g. an mma)."""
+    return Int64(llvm.inline_asm(
+        T.i64(), [Float32(dep).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .pred p;\n\t.reg .u64 t, e;\n\tsetp.eq.f32 p, $1, 0f3F800001;\n\t"
+        "selp.u64 e, 1, 0, p;\n\tmov.u64 t, %globaltimer;\n\tadd.u64 $0, t, e;\n\t}",
+        "=l,f", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
 def smid(*, loc=None, ip=None):
     return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %smid;", "=r",
                                  has_side_effects=True, is_align_stack=False,
@@ -255,11 +266,12 @@ def st_u64(addr: Int64, val: Int64, *, loc=None, ip=None):
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-def _stamp(base, bid, slot: int):
+def _stamp(base, bid, slot: int, dep=None):
     """dbg timeline (call from one thread): %globaltimer into record bid, slot (0 start,
-    1 mid, 2 end; slot 3 = SM id). Records are 32 bytes from workspace byte 16."""
+    1 mid, 2 end; slot 3 = SM id), read after `dep` is available if given. Records are 32 bytes
+    from workspace byte 16."""
     rec = base + Int64(16) + Int64(bid) * 32
-    st_u64(rec + Int64(slot * 8), globaltimer())
+    st_u64(rec + Int64(slot * 8), globaltimer() if dep is None else globaltimer_after(dep))
     if slot == 0:  # Python-level: traced once
         st_u64(rec + Int64(24), Int64(smid()))
 
@@ -895,7 +907,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if tid == 0:
                     wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
             cute.arch.sync_threads()
-            if cutlass.const_expr(DBG):
+            if cutlass.const_expr(DBG == 1):
                 if tid == 0:
                     _stamp(ctr, bid, 1)
             o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
@@ -923,6 +935,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 for sk in cutlass.range_constexpr(SB):
                     for r in cutlass.range_constexpr(RB):
                         acc[r] = mma_k32(afr[sk], wv[r * SB + sk], acc[r])
+                if cutlass.const_expr(DBG == 2 and ps == FP - 1):  # consumer "mid": after the last mma
+                    if tid == 0:
+                        _stamp(ctr, bid, 1, acc[0][0])
                 for r in cutlass.range_constexpr(RB):
                     for h in cutlass.range_constexpr(MT // 8):
                         m = g + 8 * h
@@ -954,6 +969,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                             if gcol < NB:
                                 gaddr = mG.iterator.toint() + (Int64(gm) * Int64(sg) + Int64(gcol)) * 2
                                 st_global_words(gaddr, [gsm[ch * 4 + j] for j in range(4)])
+            if cutlass.const_expr(DBG == 3):  # consumer "mid": after the g1 stores are issued
+                if tid == 0:
+                    _stamp(ctr, bid, 1)
             if cutlass.const_expr(TAG):
                 if tid == 0:  # the epoch matters to the next launch only
                     red_epoch(ctr + Int64(8), Int32(P) + cb, TOTAL)
