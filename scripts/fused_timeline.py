@@ -78,6 +78,10 @@ CASES = [  # (M, extra config fields)
     (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=3)),
     (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1, dbg=2)),
     (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1, dbg=3)),
+    # run66: the m_tile-16 default at M = 16 with the mid stamp when the second polling warp is done
+    # (dbg 4) and after the barrier once a shared load after it returned (dbg 5)
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=4)),
+    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=5)),
 ]
 
 

@@ -94,8 +94,9 @@ class Config:
     dx: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
     # its SM id into the workspace after the counter (see kernels.build_fused); never a default.
-    # The consumers' mid stamp: 1 f_a seen (after the barrier), 2 after their last mma, 3 after
-    # their g1 stores are issued
+    # The consumers' mid stamp: 1 f_a seen (thread 0 after the barrier), 2 after their last mma, 3
+    # after their g1 stores are issued, 4 the second polling warp done (m_tile 16), 5 after the
+    # barrier, read once a shared load issued after it has returned
     dbg: int = 0
 
     def _suffix(self) -> str:
@@ -213,8 +214,8 @@ class Config:
         knobs = (self.ppf, self.dbg, self.tag)
         if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs[:1] + knobs[2:]):
             return "ppf, tag and dbg are 0/1 knobs of the fused kind"
-        if self.dbg not in (0, 1, 2, 3):
-            return "dbg is 0..3 (1..3: where the consumers' mid stamp is taken, see kernels.build_fused)"
+        if self.dbg not in (0, 1, 2, 3, 4, 5) or self.dbg > 3 and not self.tag:
+            return "dbg is 0..5 (where the consumers' mid stamp is taken, see Config.dbg; 4, 5 need tag)"
         if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
             return "dx is a diagnostic of the m_tile-16 fused kernel, right only at M <= 8"
         if self.gst not in (0, 1, 2) or self.gst and self.kind != "fused":

@@ -903,6 +903,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
                     for j in cutlass.range_constexpr(NV1):
                         fs[(warp * 32 + lane) * NV1 + j] = vals[j]
+                    if cutlass.const_expr(DBG == 4 and MT == 16):  # mid: the second poller done
+                        if warp == 1:
+                            if lane == 0:
+                                _stamp(ctr, bid, 1, Float32(vals[0]))
             else:
                 if tid == 0:
                     wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
@@ -910,6 +914,9 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(DBG == 1):
                 if tid == 0:
                     _stamp(ctr, bid, 1)
+            if cutlass.const_expr(DBG == 5):  # mid: after the barrier, waiting for a shared load
+                if tid == 0:
+                    _stamp(ctr, bid, 1, Float32(fs[NV1 * 32]))
             o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
             fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
