@@ -6,7 +6,7 @@
 # PLANNER_CACHE_DIR set. Only 8 files come back from the device: full outputs go to /tmp/full.
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/full
 export PYTHONUNBUFFERED=1
-T=results/tuning/2026-11-30_h200_k3_kda_projection.json
+T=${TUNING:-results/tuning/2026-11-30_h200_k3_kda_projection.json}  # (session 9: overridable)
 timeout 200 python3 -m pytest -q -m gpu tests/test_cute_kernels.py tests/test_gemm_chain.py tests/test_executor_gpu.py tests/test_strided_add.py -p no:cacheprovider > $OUT/pytest_gpu.txt 2>&1; echo rc=$? >> $OUT/pytest_gpu.txt
 for run in a b; do
   timeout 100 python3 scripts/bench_kda_step.py --tuning $T --out /tmp/full/$run > $OUT/step_$run.log 2>&1; echo rc=$? >> $OUT/step_$run.log
