@@ -901,4 +901,4 @@ def test_kernel_cache_key_ignores_comments(tmp_path):
     assert ec.code_hash([a]) == ec.code_hash([b]) != ec.code_hash([c])
     assert ec.code_hash([d]) != ec.code_hash([a])
     assert ec._source_hash() == ec.code_hash(
-        Path(ec.__file__).parent / n for n in ("kernels.py", "config.py"))
+        Path(ec.__file__).parent / n for n in ("kernels.py", "fused.py", "ptx.py", "config.py"))

@@ -204,7 +204,7 @@ def code_hash(paths) -> str:
 
 
 @functools.cache
-def _source_hash(names: tuple[str, ...] = ("kernels.py", "config.py")) -> str:
+def _source_hash(names: tuple[str, ...] = ("kernels.py", "fused.py", "ptx.py", "config.py")) -> str:
     """code_hash of the files in this package the kernels are built from (part of every
     disk-cache key)."""
     return code_hash(Path(__file__).parent / name for name in names)
@@ -446,13 +446,13 @@ def supports_fused(m: int, n: int, k: int, fa_col: int, nb: int, kb: int, dtype,
 
 def _compile_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int, arch: str | None,
                    use_disk: bool = True):
-    from . import kernels
+    from . import fused
 
     arch = arch or _device_arch()
     tag = (f"{cfg.key()}_n{n}_k{k}_a{a0}_nb{nb}_kb{kb}_{arch}_{_cutlass_version()}_"
            f"{_source_hash()}")
     fname = "kdafused_" + hashlib.sha256(tag.encode()).hexdigest()[:20]
-    return disk_cached(fname, tag, lambda: kernels.compile_fused_tvm_ffi(
+    return disk_cached(fname, tag, lambda: fused.compile_fused_tvm_ffi(
         cfg, n, k, a0, nb, kb, extra_options=f"--gpu-arch {arch}"), use_disk)
 
 
@@ -465,10 +465,10 @@ def get_fused_kernel(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int,
 def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb: int,
                            arch: str = "sm_90a", sass: bool = False) -> str:
     """Compile the fused kernel without a GPU and return the PTX text (sass: the SASS)."""
-    from . import kernels
+    from . import fused
 
     def build(opts):
-        return kernels.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts)
+        return fused.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts)
 
     if sass:
         return sass_of(build, arch)

@@ -93,7 +93,7 @@ class Config:
     # (rows g + 8 reuse row g, so outputs are right only at M <= 8): what does that load cost?
     dx: int = 0
     # fused, diagnostics only: every block records (start, mid, end) %globaltimer stamps and
-    # its SM id into the workspace after the counter (see kernels.build_fused); never a default.
+    # its SM id into the workspace after the counter (see fused.build_fused); never a default.
     # The consumers' mid stamp: 1 f_a seen (thread 0 after the barrier), 2 after their last mma, 3
     # after their g1 stores are issued, 4 the second polling warp done (m_tile 16), 5 after the
     # barrier, read once a shared load issued after it has returned

@@ -79,7 +79,7 @@ def _build(threads: int, vec: int):
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
 
-    from .kernels import ld_act_v4  # 128-bit coherent load (shared with the GEMM kernels)
+    from .ptx import ld_act_v4  # 128-bit coherent load (shared with the GEMM kernels)
 
     @dsl_user_op
     def st_v4(addr: Int64, v, *, loc=None, ip=None):
@@ -172,7 +172,7 @@ def _compile_tvm_ffi(threads: int, vec: int, extra_options: str = ""):
 def _tag(threads: int, vec: int, arch: str) -> tuple[str, str]:
     from . import _cutlass_version, _source_hash
 
-    src = _source_hash(("elementwise.py", "kernels.py"))  # ld_act_v4 lives in kernels.py
+    src = _source_hash(("elementwise.py", "ptx.py"))  # ld_act_v4 lives in ptx.py
     tag = f"add_t{threads}_v{vec}_{arch}_{_cutlass_version()}_{src}"
     return "stradd_" + hashlib.sha256(tag.encode()).hexdigest()[:20], tag
 
