@@ -51,7 +51,7 @@ def random_plan(seed: int, world: int, n_ops: int = 10) -> str:
             tensors[o] = (rows, n)
         elif kind == "add":
             a = pick()
-            b = pick(lambda n, s: s == tensors[a])
+            b = pick(lambda n, s, a=a: s == tensors[a])
             o = new()
             ops.append(f"{o}: add({a}, {b})")
             tensors[o] = tensors[a]
@@ -67,7 +67,7 @@ def random_plan(seed: int, world: int, n_ops: int = 10) -> str:
             consumed.add(a)
         elif kind == "cat":
             a = pick()
-            b = pick(lambda n, s: s[0] == tensors[a][0] and n != a)
+            b = pick(lambda n, s, a=a: s[0] == tensors[a][0] and n != a)
             if b is None or tensors[a][1] + tensors[b][1] > 64:
                 continue
             o = new()

@@ -68,7 +68,7 @@ def compiled_ptx():
 
 def test_ptx_vector_loads_and_pdl(compiled_ptx):
     kinds = set()
-    for (cfg, n, k), (name, m, ptx) in compiled_ptx.items():
+    for (cfg, _n, _k), (name, _m, ptx) in compiled_ptx.items():
         assert ".target sm_90a" in ptx, cfg.key()
         v4 = re.findall(r"ld\.global[.\w:]*\.v4\.(?:u32|b32)", ptx)
         assert v4, f"{cfg.key()} ({name}) has no 128-bit global loads"
