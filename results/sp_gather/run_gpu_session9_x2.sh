@@ -4,7 +4,7 @@
 # trials) and `planner bench` of the SP tail plan at TP2. Run after staging the wheels (see
 # ../kda_kernels/run_gpu.sh), with PYTHONPATH and PLANNER_CACHE_DIR set. Few files come back: the benches
 # write to /tmp and their tables are appended to the logs.
-# Not run in session 9: nvidia-h200-x2 was no longer lent when asked (11:45 UTC); ready for the next one.
+# (x2 was not lent at 11:45 UTC; run at ~11:55 UTC on GPU-f49f4a00 + GPU-21b18948: ../sp_gather/2026-11-30_h200x2_session9_*)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/s9
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,uuid,driver_version --format=csv,noheader > $OUT/gpu.txt
