@@ -281,6 +281,27 @@ def test_dbg_timeline_knob():
         ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
 
 
+def test_dbg_mid_stamp_modes():
+    """dbg 2..5 move the consumers' mid stamp (after the last mma, after the g1 stores, when the
+    second polling warp is done, after the barrier and a shared load): still one per consumer, and
+    the ones that must wait for a value read the timer through a dependence on it."""
+    base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
+    cs = {d: dataclasses.replace(base, dbg=d) for d in range(1, 6)}
+    for d, c in cs.items():
+        assert ec.check_fused(c, 16, NP, 7168, NQ, NFB, NFA) is None
+        assert c.key().endswith("_dbg_pdl1" if d == 1 else f"_dbg{d}_pdl1")
+    assert "dbg" in dataclasses.replace(base, dbg=6).check(16, NP, 7168)
+    assert "dbg" in dataclasses.replace(base, dbg=4, tag=0).check(16, NP, 7168)
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    ptx = {d: ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a") for d, c in cs.items()}
+    stamps = {d: p.count("%globaltimer") for d, p in ptx.items()}
+    assert len(set(stamps.values())) == 1, stamps
+    # globaltimer_after compares its input with 1.0000001f (0f3F800001) before reading the timer
+    assert {d for d, p in ptx.items() if "0f3F800001" in p} == {2, 4, 5}
+
+
 def test_publish_one_fence_per_block_ptx():
     """Producers publish f_a as cooperative-groups-style grid barriers do: barrier, then ONE
     thread fences (cumulative over the block's stores) and does the release add."""

@@ -212,8 +212,8 @@ class Config:
         if self.wl == 1 and (n % 8 or self.pf or self.ppf):
             return "the tiled weight layout needs N % 8 == 0 and pf == ppf == 0"
         knobs = (self.ppf, self.dbg, self.tag)
-        if any(knobs) and self.kind != "fused" or any(v not in (0, 1) for v in knobs[:1] + knobs[2:]):
-            return "ppf, tag and dbg are 0/1 knobs of the fused kind"
+        if any(knobs) and self.kind != "fused" or self.ppf not in (0, 1) or self.tag not in (0, 1):
+            return "ppf and tag are 0/1 knobs of the fused kind, dbg (0..5) a diagnostic of it"
         if self.dbg not in (0, 1, 2, 3, 4, 5) or self.dbg > 3 and not self.tag:
             return "dbg is 0..5 (where the consumers' mid stamp is taken, see Config.dbg; 4, 5 need tag)"
         if self.dx and (self.kind != "fused" or self.m_tile != 16 or m > 8):
