@@ -79,19 +79,8 @@ def _build(threads: int, vec: int):
     from cutlass._mlir.dialects import llvm
     from cutlass.cutlass_dsl import T, dsl_user_op
 
-    from .ptx import ld_act_v4  # 128-bit coherent load (shared with the GEMM kernels)
-
-    @dsl_user_op
-    def st_v4(addr: Int64, v, *, loc=None, ip=None):
-        llvm.inline_asm(
-            None,
-            [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(x).ir_value(loc=loc, ip=ip) for x in v],
-            "st.global.v4.u32 [$0], {$1, $2, $3, $4};",
-            "l,r,r,r,r",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-        )
+    # 128-bit coherent load and 16-byte store (shared with the GEMM kernels)
+    from .ptx import ld_act_v4, st_global_words
 
     @dsl_user_op
     def add_bf16x2(x: Int32, y: Int32, *, loc=None, ip=None):
@@ -136,7 +125,7 @@ def _build(threads: int, vec: int):
         for v in cutlass.range_constexpr(VEC):
             j = chunk * CHUNK + v * THREADS + tid
             if j < nvec:
-                st_v4(o_base + Int64(j) * 16, sums[v])
+                st_global_words(o_base + Int64(j) * 16, sums[v])
 
     @cute.jit
     def host(mA: cute.Tensor, mB: cute.Tensor, mO: cute.Tensor, stream):
