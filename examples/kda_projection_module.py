@@ -27,8 +27,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from executors import build_executor  # noqa: E402
-from executors.check import compile_for_run  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from executors.tools.check import compile_for_run  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 
 __all__ = ["KDAProjection", "main"]
 

@@ -26,8 +26,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from executors import build_executor  # noqa: E402
-from executors.check import compile_for_run  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from executors.tools.check import compile_for_run  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 
 __all__ = ["SPTail", "main"]
 
@@ -69,7 +69,7 @@ def _rank(rank, world, hidden, num_tokens, device):
 
 
 def main(world: int = 2, hidden: int = 64, num_tokens: int = 13, device: str = "cpu") -> list[dict]:
-    from executors.dist import run_ranks
+    from executors.tools.ranks import run_ranks
     return run_ranks(_rank, world, hidden, num_tokens, device, backend="nccl" if device == "cuda" else "gloo",
                      timeout_s=180)
 

@@ -8,7 +8,9 @@
 GPU-only pieces (executors.cute, FlashInfer, CUDA graphs) are imported lazily.
 """
 
-from .lowering import BuildError, Executor, build_executor, default_schedule
-from .registry import UnsupportedOp, lookup, register
+from .backends import UnsupportedOp, lookup, register
+from .errors import BuildError
+from .executor import Executor
+from .lowering import build_executor, default_schedule
 
 __all__ = ["build_executor", "Executor", "BuildError", "UnsupportedOp", "register", "lookup", "default_schedule"]

@@ -29,7 +29,7 @@ import torch
 
 from planner.expr import eval_int, free_names
 
-from .torch_ops import torch_dtype
+from .dtypes import torch_dtype
 
 __all__ = ["GraphedExecutor"]
 

@@ -18,7 +18,7 @@ import torch
 from planner.expr import eval_int
 from planner.predicates import compile_gate
 
-from .torch_ops import torch_dtype
+from .dtypes import torch_dtype
 
 __all__ = ["RegionGate", "compile_regions", "GateTensors", "is_capturing"]
 

@@ -1,7 +1,9 @@
-"""`planner` command line: validate, compile, and the commands other modules register.
+"""`planner` command line: one argparse for every subcommand; handlers load lazily.
 
 Exit codes: 0 ok, 2 invalid input (a PlanError or bad arguments), 1 failure.
-Every subcommand module exposes register(subparsers); its handler returns an int.
+A handler is named "module:function" and imported only when its subcommand runs, so
+validate, compile and viz never import torch; run, tune and bench live in
+executors.tools.commands.
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ import os
 import sys
 
 from .errors import PlanError
+from .passes import PASS_NAMES
+from .viz.render import FORMATS
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
-# modules that add subcommands; missing optional ones are skipped
-COMMAND_MODULES = [
-    "planner.commands",       # validate, compile
-    "planner.viz.cli",        # viz
-    "executors.cli",          # run, tune, bench
-    "executors.perf_cli",
-]
+RUN_EPILOG = """Inputs and weights are seeded random tensors; externs the plan calls are deterministic
+stand-ins (executors.tools.externs). With --check every output is compared with the unfused
+single-stream plan: bit-exact for data movement, allclose where arithmetic is involved."""
 
 
 def _color() -> bool:
@@ -47,18 +47,138 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _plan_args(p) -> None:
+    p.add_argument("plan", help="plan file (YAML)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                   help="override a param, e.g. --set tp_size=4 (repeatable)")
+
+
+def _compile_args(p) -> None:
+    p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+                   help=f"skip a pass ({', '.join(PASS_NAMES)})")
+    p.add_argument("--streams", type=int, default=2, help="stream pool size: main + N-1 shared aux (default 2)")
+    p.add_argument("--bucket-cap-mb", type=float, default=512.0, help="byte cap of one fused collective (default 512)")
+    p.add_argument("--packing", choices=["auto", "cat", "inplace"], default="auto",
+                   help="fused-collective packing: zero-copy where producers allow (auto), always cat, or prefer in place")
+    p.add_argument("--min-gain-us", type=float, default=1.0, help="a fork/join must save this much (default 1 us)")
+    p.add_argument("--device-profile", metavar="JSON", help="device profile overriding the H200 defaults")
+    p.add_argument("--tuning", metavar="JSON", help="tuning file from `planner tune` (limits and measured times)")
+
+
+def _emit(p) -> None:
+    p.add_argument("--emit", choices=["text", "json"], default="text")
+
+
+def _add_validate_compile(sub) -> None:
+    v = sub.add_parser("validate", help="check a plan; exit 0 if valid, 2 with located errors if not")
+    _plan_args(v)
+    _emit(v)
+    v.set_defaults(handler="planner.commands:cmd_validate")
+
+    c = sub.add_parser("compile", help="plan fusion, streams and events; print the schedule and estimates")
+    _plan_args(c)
+    _compile_args(c)
+    _emit(c)
+    c.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE")
+    c.add_argument("--full", action="store_true", help="list every op, also in repeated regions")
+    c.add_argument("--verify-each", action="store_true", help="run verify() after every pass")
+    c.add_argument("--dump-after", action="append", default=[], metavar="PASS",
+                   help="print the plan after PASS (to stderr)")
+    c.set_defaults(handler="planner.commands:cmd_compile")
+
+
+def _add_viz(sub) -> None:
+    p = sub.add_parser("viz", help="draw the compiled dependency graph (stream lanes, events, variants)",
+                       description="Draw a plan's compiled dependency graph: one lane per stream, event"
+                       " edges, fused collectives, gated variants side by side, repeated layers collapsed.")
+    _plan_args(p)
+    p.add_argument("-o", "--output", help="out.svg | out.png | out.html | out.dot (default: DOT on stdout)")
+    p.add_argument("--format", choices=FORMATS, help="override the format implied by -o")
+    p.add_argument("--variant", metavar="NAME", help="show only this variant of each region that has it")
+    p.add_argument("--after", metavar="PASS", help="stop the pipeline after this pass")
+    p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
+    p.add_argument("--expand", action="store_true", help="draw every repeated layer instead of one with a count")
+    p.add_argument("--lanes", choices=["inner", "outer"], default="inner",
+                   help="inner: stream lanes inside each region/variant box (default); outer: one column per stream")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds Graphviz may take (default 120)")
+    p.set_defaults(handler="planner.viz.commands:cmd_viz")
+
+    t = sub.add_parser("timeline", help="draw measured per-stream timelines (Gantt) from records JSON",
+                       description="Per-stream Gantt chart of measured op times: one row per stream, bars"
+                       " coloured by op kind, shaded where streams overlap.")
+    t.add_argument("records", help='JSON: [{"stream", "op", "kind", "start_us", "end_us"}, ...]')
+    t.add_argument("-o", "--output", required=True, help="out.svg | out.png")
+    t.add_argument("--title", default="", help="title above the chart")
+    t.set_defaults(handler="planner.viz.commands:cmd_timeline")
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="run a plan on N local ranks on random inputs (--check: against the reference)",
+                       epilog=RUN_EPILOG)
+    _plan_args(p)
+    _compile_args(p)
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="number of ranks (default: the size of the plan's process groups, or 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="gloo on cpu, NCCL on cuda")
+    p.add_argument("--check", action="store_true", help="compare every output with the unfused reference")
+    p.add_argument("--num-tokens", type=int, default=None, metavar="T", help="value of the num_tokens dim")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
+    _emit(p)
+    p.add_argument("--timeline", metavar="FILE", help="also record when each op ran on each stream (rank 0) and draw"
+                   " it: .png/.svg picture, or .json records (CUDA events on GPU, wall clock on CPU)")
+    p.add_argument("--as-if-capturing", action="store_true",
+                   help="for --timeline: evaluate gates as if a CUDA graph were being captured (selects the"
+                        " multi-stream variants while running eagerly)")
+    p.set_defaults(handler="executors.tools.commands:cmd_run")
+
+
+def _add_tune_bench(sub) -> None:
+    t = sub.add_parser("tune", help="time gemm backends/configs and region variants per bucket on this GPU;"
+                                    " write a tuning file (GPU only)")
+    _plan_args(t)
+    t.add_argument("-o", "--output", metavar="FILE", help="write the tuning JSON here (default: stdout)")
+    t.add_argument("--dim", default="num_tokens", help="the dynamic dim whose buckets are tuned")
+    t.add_argument("--buckets", metavar="LIST", help="override the dim's buckets, e.g. 1,2,4..8")
+    t.add_argument("--max-configs", type=int, default=24, help="cute configs timed per shape (default 24)")
+    t.add_argument("--iters", type=int, default=20, help="steps per captured graph (default 20)")
+    t.add_argument("--trials", type=int, default=5, help="replays per candidate, median (default 5)")
+    t.add_argument("--sets", type=int, default=4, help="weight sets rotated against L2 (default 4)")
+    t.add_argument("--no-variants", action="store_true", help="skip the end-to-end variant timing (no limits)")
+    t.add_argument("--min-gain", type=float, default=0.0, help="a variant must win by this fraction (default 0)")
+    t.add_argument("--no-flashinfer", action="store_true", help="do not time FlashInfer backends")
+    t.add_argument("--no-refine", action="store_true",
+                   help="keep the standalone winners (no end-to-end switch to the second choice per variant)")
+    t.add_argument("--budget-s", type=float, default=None,
+                   help="after this many seconds, remaining shapes time only torch and the default config")
+    t.set_defaults(handler="executors.tools.commands:cmd_tune")
+
+    b = sub.add_parser("bench", help="time the compiled plan vs its unfused reference and the floor (GPU only)")
+    _plan_args(b)
+    b.add_argument("--tokens", metavar="LIST", help="values of the dynamic dim (default: its buckets)")
+    b.add_argument("--tuning", metavar="FILE", help="tuning file from `planner tune`")
+    b.add_argument("--world-size", type=int, default=None, help="ranks (default: the plan's group size)")
+    b.add_argument("--iters", type=int, default=20)
+    b.add_argument("--trials", type=int, default=5)
+    b.add_argument("--sets", type=int, default=4)
+    b.add_argument("--out", metavar="DIR", help="write bench_<plan>.json/.csv/.md here")
+    _emit(b)
+    b.set_defaults(handler="executors.tools.commands:cmd_bench")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="planner", description="Declarative multi-stream collective/GEMM plans for NVIDIA GPUs.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for mod in COMMAND_MODULES:
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name and mod.startswith(exc.name):
-                continue
-            raise
-        m.register(sub)
+    _add_validate_compile(sub)
+    _add_viz(sub)
+    _add_run(sub)
+    _add_tune_bench(sub)
     return p
+
+
+def _handler(ref: str):
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.handler(args) or 0)
+        return int(_handler(args.handler)(args) or 0)
     except PlanError as err:
         print_plan_error(err, getattr(args, "emit", "text"))
         return 2

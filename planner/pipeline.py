@@ -6,9 +6,10 @@ import time
 
 from .config import CompileConfig
 from .errors import PlanError, did_you_mean
-from .graph import Compiled, build_graph, verify
+from .graph import Compiled, build_graph
 from .ir import Plan
 from .passes import PASS_NAMES, PIPELINE, REQUIRED
+from .verify import verify
 
 __all__ = ["compile_plan", "CompileConfig", "PASS_NAMES"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.loader import load_plan  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 
 OPS_PER_LAYER = 10

@@ -6,7 +6,7 @@ Paths per M (decode tokens), us per layer step:
   two_torch  after, as vLLM PR #54697 wrote it: QKVG on the current stream, F_A/beta then
              F_B on an aux stream, fork/join with events, torch.mm everywhere
   compiled   plans/k3_kda_projection.yaml compiled and built with build_executor, the tuning
-             file's limits (gate) and backends/configs (executors.tune.apply_tuning); the gate
+             file's limits (gate) and backends/configs (executors.tools.tune.apply_tuning); the gate
              sees `capturing` so it picks its variant as inside GraphedExecutor
   forced_*   the compiled plan with the region forced to each variant (information)
   kernel     executors.cute.kda_fused_step called directly on preallocated outputs (information:
@@ -36,9 +36,16 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executors.bench import close_report, env_info, hbm_bandwidth, log, parse_tokens, write_report  # noqa: E402
-from executors.tune import ForcedGate, eager_times, load_tuning, time_graphs, tuned_executor  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from executors.tools.bench import (  # noqa: E402
+    close_report,
+    env_info,
+    hbm_bandwidth,
+    log,
+    parse_tokens,
+    write_report,
+)
+from executors.tools.tune import ForcedGate, eager_times, load_tuning, time_graphs, tuned_executor  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 
 KDA = ROOT / "plans" / "k3_kda_projection.yaml"

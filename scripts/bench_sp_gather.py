@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from executors import build_executor  # noqa: E402
-from executors.bench import (  # noqa: E402
+from executors.tools.bench import (  # noqa: E402
     env_info,
     log,
     parse_tokens,
@@ -52,7 +52,7 @@ from executors.bench import (  # noqa: E402
     write_report,
 )
 from planner.config import CompileConfig  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 
 SP = ROOT / "plans" / "k3_sp_tail.yaml"
@@ -81,7 +81,7 @@ ops:
 
 def _time_eager(fns: dict, iters: int, trials: int, nsets: int) -> dict:
     """CPU dry run: wall clock of eager calls (no graphs), max over ranks."""
-    from executors.tune import eager_times
+    from executors.tools.tune import eager_times
     res = eager_times(fns, iters, trials, sync=dist.barrier)
     med = torch.tensor([res[n] for n in fns], dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
@@ -287,7 +287,7 @@ def main() -> int:
         if not res:
             return 0
     else:
-        from executors.dist import run_ranks
+        from executors.tools.ranks import run_ranks
         res = run_ranks(rank_body, world, args, backend="gloo" if a.dry_run else "nccl", timeout_s=590,
                         coll_timeout_s=180)
     rows = res[0]["rows"]

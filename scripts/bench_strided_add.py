@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executors.bench import env_info, log, md_table  # noqa: E402
 from executors.cute import elementwise as ew  # noqa: E402
+from executors.tools.bench import env_info, log, md_table  # noqa: E402
 
 H = 7168
 NSTATE = 4

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from executors import build_executor  # noqa: E402
-from executors.check import compile_for_run, make_data, reference_compiled  # noqa: E402
 from executors.cudagraph import GraphedExecutor  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from executors.tools.check import compile_for_run, make_data, reference_compiled  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 
 KDA = ROOT / "plans" / "k3_kda_projection.yaml"
 SP = ROOT / "plans" / "k3_sp_tail.yaml"
@@ -226,7 +226,7 @@ def overhead_section(ex, w) -> dict:
 # ---------------------------------------------------------------- SP tail, two GPUs over NCCL
 
 def _sp_rank(rank, world, quick):
-    from executors.check import run_check
+    from executors.tools.check import run_check
     load = lambda: load_plan(SP, {"tp_size": world})  # noqa: E731
     rows = []
     for t in ([13, 1024] if quick else [8, 13, 256, 1000, 4096]):
@@ -261,7 +261,7 @@ def _sp_rank(rank, world, quick):
 
 
 def sp_section(quick: bool) -> dict:
-    from executors.dist import run_ranks
+    from executors.tools.ranks import run_ranks
     if torch.cuda.device_count() < 2:
         return {"skipped": f"needs 2 GPUs, found {torch.cuda.device_count()}"}
     return {"ranks": run_ranks(_sp_rank, 2, quick, backend="nccl", timeout_s=580, coll_timeout_s=120)}

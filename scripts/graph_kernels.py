@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from executors.tune import ForcedGate, capture_steps, load_tuning, time_graphs, tuned_executor  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from executors.tools.tune import ForcedGate, capture_steps, load_tuning, time_graphs, tuned_executor  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 from scripts.bench_kda_step import KDA, NSETS, REGION, Problem, Shapes  # noqa: E402
 

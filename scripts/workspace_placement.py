@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 import executors.cute as ec  # noqa: E402
 from executors.cute.config import fused_workspace_words  # noqa: E402
-from executors.tune import time_graphs  # noqa: E402
+from executors.tools.tune import time_graphs  # noqa: E402
 
 NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
 

@@ -139,14 +139,14 @@ def random_plan(seed: int, world: int, n_ops: int = 10) -> str:
 
 
 def load_text(text: str, name: str = "random.yaml"):
-    from planner.loader import load_plan
+    from planner.lang.loader import load_plan
     return load_plan(PLANS / name, text=text)
 
 
 def shipped_and_random(rank, world, random_texts, num_tokens):
     """Rank body: every shipped plan and every random plan, compiled vs reference."""
-    from executors.check import make_data, run_check
-    from planner.loader import load_plan
+    from executors.tools.check import make_data, run_check
+    from planner.lang.loader import load_plan
 
     reports = []
     sp = lambda: load_plan(PLANS / "k3_sp_tail.yaml", {"tp_size": world, "hidden": 32})  # noqa: E731
@@ -156,8 +156,8 @@ def shipped_and_random(rank, world, random_texts, num_tokens):
     b = rep["dims"]
     shards = [make_data(plan, b, 11, r, "cpu")[0] for r in range(world)]
     rep["independent_ok"] = True
-    from executors.check import compile_for_run
     from executors.lowering import build_executor
+    from executors.tools.check import compile_for_run
     ex = build_executor(compile_for_run(sp()), {}, device="cpu")
     outs = ex(dims=b, **shards[rank])
     for name in plan.inputs:
@@ -177,15 +177,15 @@ def shipped_and_random(rank, world, random_texts, num_tokens):
 
 def mismatched(rank, world, differ_rank):
     """Rank body: rank `differ_rank` loads the SP plan with another hidden size."""
-    from executors.check import run_check
-    from planner.loader import load_plan
+    from executors.tools.check import run_check
+    from planner.lang.loader import load_plan
     hidden = 48 if rank == differ_rank else 32
     return run_check(lambda: load_plan(PLANS / "k3_sp_tail.yaml", {"tp_size": world, "hidden": hidden}),
                      rank=rank, num_tokens=5, seed=1)
 
 
 def wrong_group_size(rank, world):
-    from executors.check import run_check
-    from planner.loader import load_plan
+    from executors.tools.check import run_check
+    from planner.lang.loader import load_plan
     return run_check(lambda: load_plan(PLANS / "k3_sp_tail.yaml", {"tp_size": 2 * world, "hidden": 32}),
                      rank=rank, num_tokens=5, seed=1)

@@ -9,7 +9,7 @@ import pytest
 
 from planner.config import CompileConfig
 from planner.errors import PlanError
-from planner.loader import load_plan
+from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dist_plans import mismatched, random_plan, shipped_and_random, wrong_group_size
 
-from executors.dist import RankFailure, run_ranks
+from executors.tools.ranks import RankFailure, run_ranks
 
 N_RANDOM = 12
 

@@ -16,8 +16,8 @@ KDA = PLANS / "k3_kda_projection.yaml"
 @pytest.fixture(scope="module")
 def kda():
     from executors import build_executor
-    from executors.check import compile_for_run, make_data, reference_compiled
-    from planner.loader import load_plan
+    from executors.tools.check import compile_for_run, make_data, reference_compiled
+    from planner.lang.loader import load_plan
     _, w = make_data(load_plan(KDA), {"num_tokens": 1}, seed=0, rank=0, device="cuda")
     ex = build_executor(compile_for_run(load_plan(KDA)), w, device="cuda", backend_prefs=("torch",),
                         tuning={"kda_two_branch_max": 14})
@@ -31,9 +31,9 @@ def _close(a, b):
 
 def test_side_streams_are_shared_not_per_executor(kda):
     from executors import build_executor
-    from executors.check import compile_for_run
     from executors.streams import pool_size
-    from planner.loader import load_plan
+    from executors.tools.check import compile_for_run
+    from planner.lang.loader import load_plan
     ex, _, w = kda
     x = torch.randn(2, 7168, device="cuda").bfloat16()
     ex(x=x, _facts=ex.facts({"x": x}, capturing=True))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from executors.backends import UnsupportedOp, backends_for, lookup, register
 from executors.collectives import Comm
-from executors.registry import UnsupportedOp, backends_for, lookup, register
 from planner.ops import OP_KINDS, OP_MODELS
 from planner.shapes import TensorSpec
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from executors import BuildError, build_executor
-from executors.check import compile_for_run, make_data, reference_compiled, run_check
 from executors.dims import DimError, DimSolver
-from executors.externs import default_externs
-from planner.loader import load_plan
+from executors.tools.check import compile_for_run, make_data, reference_compiled, run_check
+from executors.tools.externs import default_externs
+from planner.lang.loader import load_plan
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
 KDA = PLANS / "k3_kda_projection.yaml"

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import PlanError
-from planner.loader import load_plan
+from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 from tests.fuzz_util import mutate
 from tests.planutil import PLANS

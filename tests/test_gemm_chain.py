@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from executors.check import compile_for_run, make_data
 from executors.gemm_chain import _chain_of
 from executors.lowering import build_executor
-from planner.loader import load_plan
+from executors.tools.check import compile_for_run, make_data
+from planner.lang.loader import load_plan
 from tests.planutil import PLANS
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from executors.registry import lookup
-from planner.loader import load_plan
+from executors.backends import lookup
+from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 
 SP = Path(__file__).resolve().parent.parent / "plans" / "k3_sp_tail.yaml"
@@ -34,7 +34,7 @@ def test_lookup_prefers_p2p_on_cuda_and_torch_elsewhere(monkeypatch):
 
 
 def test_p2p_refuses_other_dims_and_dynamic_rows():
-    from executors.p2p import p2p_supports
+    from executors.backends.p2p import p2p_supports
     op, specs = _gather(compile_plan(load_plan(SP, {"tp_size": 2})))
     assert p2p_supports(op, specs, "cuda") is None
     assert "dim 0" in p2p_supports(op.model_copy(update={"dim": 1}), specs, "cuda")
@@ -44,8 +44,8 @@ def test_p2p_refuses_other_dims_and_dynamic_rows():
 
 
 def test_buffer_is_sized_for_the_largest_dims():
+    from executors.backends.p2p import _max_shape
     from executors.lowering import _BuildCtx
-    from executors.p2p import _max_shape
     cp = compile_plan(load_plan(SP, {"tp_size": 2}))
     op, specs = _gather(cp)
     hi = cp.plan.dims["num_tokens"].hi
@@ -56,7 +56,7 @@ def test_buffer_is_sized_for_the_largest_dims():
 # ---------------------------------------------------------------------------------- 2 GPUs
 
 def _ranks_body(rank, world, tokens, sm_bytes):
-    import executors.p2p as p2p
+    import executors.backends.p2p as p2p
     from executors import build_executor
     p2p.MIN_BYTES, p2p.SM_BYTES = 0, sm_bytes
     from executors.cudagraph import GraphedExecutor
@@ -91,7 +91,7 @@ def _ranks_body(rank, world, tokens, sm_bytes):
 @two_gpus
 @pytest.mark.parametrize("sm_bytes", [0, 1 << 40])  # copy engines only / SM copies only; ragged T too
 def test_p2p_gather_bit_exact_eager_and_graphed(sm_bytes):
-    from executors.dist import run_ranks
+    from executors.tools.ranks import run_ranks
     res = run_ranks(_ranks_body, 2, [8, 33, 1024, 4096], sm_bytes, backend="nccl", timeout_s=300,
                     coll_timeout_s=120)
     for r in res:
@@ -102,7 +102,7 @@ def test_p2p_gather_bit_exact_eager_and_graphed(sm_bytes):
 @pytest.mark.parametrize("n", [1, 3, 4, 1000, 4099])
 @pytest.mark.parametrize("sm", [False, True])
 def test_copy_is_bit_exact_both_ways(n, sm):
-    from executors.p2p import _copy
+    from executors.backends.p2p import _copy
     a = torch.randn(n).bfloat16()
     special = torch.tensor([-0.0, float("nan"), float("inf"), -float("inf"), 1e-40]).bfloat16()
     a[: min(n, 5)] = special[: min(n, 5)]

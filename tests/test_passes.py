@@ -4,7 +4,7 @@ import pytest
 
 from planner.config import CompileConfig
 from planner.cost import DeviceProfile
-from planner.graph import VerifyError, verify
+from planner.verify import VerifyError, verify
 from tests.planutil import compiled, ops_by_kind
 
 H = """

@@ -9,10 +9,10 @@ import pytest
 
 from planner.cli import main
 from planner.config import CompileConfig
-from planner.graph import verify
-from planner.loader import load_plan
+from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 from planner.report import to_json
+from planner.verify import verify
 from tests.planutil import PLANS, ROOT, SHIPPED
 
 OP_KEYS = {"id", "op", "stream", "inputs", "outputs", "shapes", "waits_on", "records", "fused_from", "when"}

@@ -4,9 +4,9 @@ plan (fusion, two streams, events, packed slots) on the CPU gives the unfused re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executors.check import run_check
+from executors.tools.check import run_check
 from planner.config import CompileConfig
-from planner.loader import load_plan
+from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 from tests.dist_plans import random_plan
 

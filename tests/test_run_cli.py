@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executors import registry
+from executors import backends
+from executors.backends import registry
 from planner.cli import main
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
@@ -45,7 +46,7 @@ def test_run_mismatch_exits_1(capsys, monkeypatch):
     def bad(op, bctx):
         return lambda ins, b, out: (ins[0] @ ins[1].t()) + 1
 
-    registry.backends_for("gemm")  # load the real backends first, so the patch is not overwritten
+    backends.backends_for("gemm")  # load the real backends first, so the patch is not overwritten
     monkeypatch.setitem(registry._REGISTRY, ("gemm", "cute"),
                         registry.Impl("gemm", "cute", bad, lambda op, specs, device: None))
     rc = main(["run", str(PLANS / "k3_kda_projection.yaml"), "--check", "--num-tokens", "3"])

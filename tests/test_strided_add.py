@@ -1,5 +1,5 @@
 """Tests for the CuTe DSL row-strided bf16 add (executors.cute.elementwise) and its
-"add" backend registration (executors.add_backends).
+"add" backend registration (executors.backends.add).
 
 CPU: the module imports without cutlass/GPU, supports_add reasons, registry wiring (on
 CPU the plan's add resolves to torch), and, when cutlass is importable, the sm_90a PTX
@@ -36,14 +36,14 @@ def test_import_and_supports_add():
 
 
 def test_registry_has_cute_add_and_cpu_uses_torch():
-    from executors.registry import backends_for, lookup
+    from executors.backends import backends_for, lookup
     from planner.shapes import TensorSpec
 
     assert {"cute", "torch"} <= set(backends_for("add"))
     op = SimpleNamespace(id="s0", op="add", a="h", b="r", backend="auto")
     specs = [TensorSpec("h", ("num_tokens", 7168), "bf16"), TensorSpec("r", ("num_tokens", 7168), "bf16")]
     assert lookup(op, specs, "cpu").backend == "torch"
-    from executors.add_backends import _cute_add_supports
+    from executors.backends.add import _cute_add_supports
 
     assert _cute_add_supports(op, specs, "cpu") == "needs a CUDA device"
     f32 = [TensorSpec("h", (4, 64), "f32"), TensorSpec("r", (4, 64), "f32")]
@@ -203,8 +203,8 @@ def test_gpu_graph_capture_side_stream():
 def test_gpu_backend_runner_and_fallback():
     import torch
 
-    from executors.add_backends import _cute_add
-    from executors.registry import lookup
+    from executors.backends.add import _cute_add
+    from executors.backends import lookup
     from planner.shapes import TensorSpec
 
     op = SimpleNamespace(id="s0", op="add", a="h", b="r", backend="auto")

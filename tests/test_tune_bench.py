@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from executors import build_executor
-from executors.bench import close_report, md_table, parse_tokens, write_report
-from executors.check import make_data
-from executors.tune import (
+from executors.tools.bench import close_report, md_table, parse_tokens, write_report
+from executors.tools.check import make_data
+from executors.tools.tune import (
     ForcedGate,
     apply_tuning,
     derive_limit,
@@ -28,7 +28,7 @@ from executors.tune import (
     validate_tuning,
 )
 from planner.cli import main
-from planner.loader import load_plan
+from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
@@ -219,7 +219,7 @@ def test_report_helpers(tmp_path):
 
 def test_tune_plan_dry_run_on_cpu(tmp_path):
     """The whole tuner on CPU (eager timing, torch only): signatures, variants, limits, file."""
-    from executors.tune import tune_plan
+    from executors.tools.tune import tune_plan
     lines = []
     res = tune_plan(str(KDA), dict(SMALL), buckets=[1, 2, 4], iters=2, trials=1, nsets=2, device="cpu",
                     log=lines.append)
@@ -240,7 +240,7 @@ def test_tune_plan_dry_run_on_cpu(tmp_path):
     (PLANS / "k3_sp_tail.yaml", {"tp_size": 2, "hidden": 32}, 2),
 ])
 def test_bench_plan_dry_run_on_cpu(plan, ov, world):
-    from executors.bench import bench_plan
+    from executors.tools.bench import bench_plan
     res = bench_plan(str(plan), dict(ov), [1, 5], world=world, iters=2, trials=1, nsets=2, device="cpu")
     assert [r["tokens"] for r in res["rows"]] == [1, 5]
     assert all(r["ok"] and r["compiled_us"] > 0 and r["reference_us"] > 0 for r in res["rows"])
@@ -248,7 +248,7 @@ def test_bench_plan_dry_run_on_cpu(plan, ov, world):
 
 def test_variant_refinement_mechanics_on_cpu():
     """A second choice per gemm is tried end to end per variant and recorded (kept or reverted)."""
-    from executors.tune import time_variants
+    from executors.tools.tune import time_variants
     load = lambda: load_plan(KDA, dict(SMALL))  # noqa: E731
     t = new_tuning()
     t["backends"] = {f"gemm:bf16:M={m},N={n},K={k}": {"backend": "torch", "config": None}
@@ -269,7 +269,7 @@ def test_variant_times_are_the_worse_bucket_end(monkeypatch):
     """A bucket serves M = previous bucket + 1 .. bucket: each variant is timed at both ends and
     the slower counts (cuBLAS picked a split-K F_A kernel at M = 13..15 that did not overlap the
     QKVG kernel, while M = 16 was fine)."""
-    import executors.tune as tune
+    import executors.tools.tune as tune
     assert tune.bucket_probes([1, 2, 4, 8, 12, 16]) == [
         (1, [1]), (2, [2]), (4, [3, 4]), (8, [5, 8]), (12, [9, 12]), (16, [13, 16])]
     assert tune.bucket_probes([8, 16], lo=4) == [(8, [4, 8]), (16, [9, 16])]

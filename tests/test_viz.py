@@ -16,7 +16,7 @@ import pytest
 from planner.cli import main
 from planner.errors import PlanError
 from planner.graph import build_graph
-from planner.loader import load_plan
+from planner.lang.loader import load_plan
 from planner.viz import VizOptions, to_dot
 from planner.viz.collapse import find_repeats
 from planner.viz.palette import EVENT_COLOR, KIND_COLORS, kind_color

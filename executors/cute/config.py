@@ -241,7 +241,7 @@ def kind_for(n: int, k: int) -> str:
     return "stream"
 
 
-def _m_tile(m: int, kind: str = "stream") -> int:
+def m_tile_for(m: int, kind: str = "stream") -> int:
     if kind == "split_n":  # CUDA-core kernel: compute only the rows that exist
         return 1 << (max(m, 1) - 1).bit_length()
     return 8 if m <= 8 else 16  # mma.sync tile rows
@@ -251,13 +251,13 @@ def configs_for(m: int, n: int, k: int, kind: str | None = None) -> list[Config]
     """All eligible configs for this shape (for an autotuner to time)."""
     kinds = [kind] if kind else list(dict.fromkeys([kind_for(n, k), "split_n", "stream", "split_k"]))
     out: list[Config] = []
-    mt = _m_tile(m)
+    mt = m_tile_for(m)
     for kd in kinds:
         cands: list[Config] = []
         if kd == "split_n":
             for rows in (1, 2, 3, 4):
                 for vec in (1, 2, 4):
-                    cands.append(Config(kind="split_n", m_tile=_m_tile(m, "split_n"), rows=rows,
+                    cands.append(Config(kind="split_n", m_tile=m_tile_for(m, "split_n"), rows=rows,
                                         vec=vec))
         elif kd == "split_k":
             for tiles in (1, 2):
@@ -447,7 +447,7 @@ def default_config(m: int, n: int, k: int) -> Config:
     kd = kind_for(n, k)
     for bound, params in _DEFAULTS[kd]:
         if m <= bound:
-            cfg = Config(kind=kd, m_tile=_m_tile(m, kd), **params)
+            cfg = Config(kind=kd, m_tile=m_tile_for(m, kd), **params)
             if cfg.check(m, n, k) is None:
                 return cfg
             break

@@ -18,11 +18,10 @@ from __future__ import annotations
 import networkx as nx
 
 from ..graph import Compiled
-from ..ops import VIEW_OPS
+from ..ordering import ENTRY, implied, is_view, possible_lasts, real_preds
 
 SCHEDULE = "schedule"
 NAME = "derive-events"
-ENTRY = "entry"
 
 
 def schedule(cp: Compiled, cfg) -> tuple[Compiled, bool]:
@@ -37,41 +36,6 @@ def schedule(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     return cp, changed
 
 
-def _is_view(g, v) -> bool:
-    return g.nodes[v]["op"].op in VIEW_OPS
-
-
-def real_preds(g, v, memo: dict) -> set:
-    """Producers of v's inputs with GPU work, looking through views. 'entry' stands for plan inputs."""
-    out = set()
-    for name in g.nodes[v]["op"].inputs():
-        out |= _source(g, name, memo)
-    return out
-
-
-def _source(g, tensor_name, memo) -> set:
-    key = ("t", tensor_name)
-    if key in memo:
-        return memo[key]
-    t = memo["_tensors"].get(tensor_name)
-    prod = t.producer if t is not None else None
-    if prod is None:
-        res = {ENTRY}
-    elif _is_view(g, prod):
-        res = set()
-        for n in g.nodes[prod]["op"].inputs():
-            res |= _source(g, n, memo)
-    else:
-        res = {prod}
-    memo[key] = res
-    return res
-
-
-def _implied(producer_ctx: tuple, consumer_ctx: tuple) -> bool:
-    """Whenever the consumer runs, the producer ran (its guards are a subset)."""
-    return set(producer_ctx) <= set(consumer_ctx)
-
-
 def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     g = cp.graph
     streams = cp.streams
@@ -80,7 +44,7 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     counters = {s: 0 for s in streams}
     for v in cp.schedule:
         g.nodes[v]["waits"], g.nodes[v]["records"] = [], []
-        if not _is_view(g, v):
+        if not is_view(g, v):
             s = g.nodes[v]["stream"]
             counters[s] += 1
             pos[v] = counters[s]
@@ -101,7 +65,7 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         return eid
 
     for v in cp.schedule:
-        if _is_view(g, v):
+        if is_view(g, v):
             continue
         d = g.nodes[v]
         s, ctx = d["stream"], d["ctx"]
@@ -123,7 +87,7 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         for _t, (_, u) in sorted(need.items()):
             n_waits += 1
             d["waits"].append(record(u))
-            if _implied(g.nodes[u]["ctx"], ctx):
+            if implied(g.nodes[u]["ctx"], ctx):
                 for k, val in clock_of[u].items():
                     known[k] = max(known[k], val)
         if wants_entry and not known[ENTRY]:
@@ -151,8 +115,8 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     for t in streams:
         if t == "main":
             continue
-        ops_t = [v for v in cp.schedule if not _is_view(g, v) and g.nodes[v]["stream"] == t]
-        for u in _possible_lasts(g, ops_t):
+        ops_t = [v for v in cp.schedule if not is_view(g, v) and g.nodes[v]["stream"] == t]
+        for u in possible_lasts(g, ops_t):
             ctx_u = g.nodes[u]["ctx"]
             if waited.get((t, ()), 0) >= pos[u] or waited.get((t, ctx_u), 0) >= pos[u]:
                 continue
@@ -163,91 +127,3 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     cp.exit_waits = exit_waits
     cp.report[NAME] = {"events": len(events), "waits": n_waits + len(exit_waits), "exit_waits": len(exit_waits)}
     return cp, bool(events)
-
-
-def _possible_lasts(g, ops_on_stream: list[str]) -> list[str]:
-    """Ops that are the last on their stream for some choice of variants."""
-    out: list[str] = []
-    for v in reversed(ops_on_stream):
-        ctx = g.nodes[v]["ctx"]
-        if any(_implied(g.nodes[w]["ctx"], ctx) for w in out):
-            continue  # a later op runs whenever this one does
-        out.append(v)
-        if not ctx:
-            break
-    return list(reversed(out))
-
-
-def joined_at_exit(cp: Compiled) -> list[str]:
-    """Ops on side streams that the caller's stream does not know complete at return."""
-    g = cp.graph
-    pos, counters = {}, {}
-    for v in cp.schedule:
-        if not _is_view(g, v):
-            s = g.nodes[v]["stream"]
-            counters[s] = counters.get(s, 0) + 1
-            pos[v] = counters[s]
-    covered: dict = {}  # (stream, ctx) -> latest recording position main waited on
-    waited = [e for v in cp.schedule if g.nodes[v]["stream"] == "main" for e in g.nodes[v]["waits"]]
-    for e in waited + list(cp.exit_waits):
-        r = cp.events.get(e, {}).get("op")
-        if r:
-            key = (g.nodes[r]["stream"], g.nodes[r]["ctx"])
-            covered[key] = max(covered.get(key, 0), pos[r])
-    missing = []
-    for u, p in pos.items():
-        s, ctx = g.nodes[u]["stream"], g.nodes[u]["ctx"]
-        if s == "main":
-            continue
-        if not any(covered.get((s, c), 0) >= p for c in {(), ctx} | {k[1] for k in covered
-                                                                   if k[0] == s and _implied(k[1], ctx)}):
-            missing.append(u)
-    return missing
-
-
-def happens_before(cp: Compiled):
-    """hb(u, v): u's work is ordered before v's on the GPU, for any variant choice where both run."""
-    g = cp.graph
-    memo: dict = {"_tensors": cp.tensors}
-    stream_pos = {}
-    counters: dict[str, int] = {}
-    for v in cp.schedule:
-        if _is_view(g, v):
-            continue
-        s = g.nodes[v]["stream"]
-        counters[s] = counters.get(s, 0) + 1
-        stream_pos[v] = counters[s]
-    rec = {e: info["op"] for e, info in cp.events.items()}
-    cache: dict = {}
-
-    def hb(u, v):
-        srcs = {u} if not _is_view(g, u) else real_preds(g, u, memo)
-        dsts = [v] if not _is_view(g, v) else [w for w in g.successors(v)]
-        return all(_hb(a, b) for a in srcs if a != ENTRY for b in dsts if not _is_view(g, b)) if dsts else True
-
-    def _hb(a, b):
-        key = (a, b)
-        if key in cache:
-            return cache[key]
-        sa, sb = g.nodes[a]["stream"], g.nodes[b]["stream"]
-        ok = False
-        if sa == sb:
-            ok = stream_pos[a] < stream_pos[b]
-        else:
-            # some earlier-or-equal op on b's stream (or b itself) waited on an event recorded at/after a
-            for w in [x for x in cp.schedule if not _is_view(g, x) and g.nodes[x]["stream"] == sb
-                      and stream_pos[x] <= stream_pos[b]]:
-                for e in g.nodes[w]["waits"]:
-                    r = rec.get(e)
-                    if r is None:
-                        continue
-                    if r == a or (g.nodes[r]["stream"] == sa and stream_pos[r] >= stream_pos[a]) or _hb(a, r):
-                        both = tuple(set(g.nodes[a]["ctx"]) | set(g.nodes[b]["ctx"]))
-                        if _implied(g.nodes[r]["ctx"], both) or r == a:
-                            ok = True
-                            break
-                if ok:
-                    break
-        cache[key] = ok
-        return ok
-    return hb

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import executors.cute as ec  # noqa: E402
 from executors.cute.config import configs_for, kind_for  # noqa: E402
 from executors.tune import plan_gemms  # noqa: E402
-from planner.loader import load_plan  # noqa: E402
+from planner.lang.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
 
 path, max_configs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 24

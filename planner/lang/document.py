@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import Diagnostic, Loc, PlanError, did_you_mean, display_path
+from ..errors import Diagnostic, Loc, PlanError, did_you_mean, display_path
 from .yamlsrc import Source, load_yaml
 
 __all__ = ["PlanDoc", "BlockDoc", "validate_doc", "pydantic_error", "load_tree"]

@@ -11,15 +11,15 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from ..errors import Diagnostic, Loc, PlanError, did_you_mean
+from ..expr import ExprError, evaluate, fold, free_names, parse, unparse
+from ..infer import infer_all
+from ..ir import DimSpec, Plan, Region, Variant
+from ..ops import COLLECTIVES, Op
+from ..predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
+from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec
 from .document import load_tree
-from .errors import Diagnostic, Loc, PlanError, did_you_mean
 from .expand import Expander
-from .expr import ExprError, evaluate, fold, free_names, parse, unparse
-from .infer import infer_all
-from .ir import DimSpec, Plan, Region, Variant
-from .ops import COLLECTIVES, Op
-from .predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
-from .shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec
 from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
@@ -245,7 +245,7 @@ def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander
 
 def load_plan(path: str | Path, overrides: dict | None = None, text: str | None = None) -> Plan:
     """Load, expand and check a plan file (or `text` as if it were that file)."""
-    from .errors import no_gc
+    from ..errors import no_gc
     with no_gc():
         return _load_plan(path, overrides or {}, text)
 

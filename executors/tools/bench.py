@@ -255,7 +255,7 @@ def _plan_bytes(plan, bind: dict, world: int) -> tuple[int, int]:
 def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nsets, link, cpu=False):
     import torch
 
-    from planner.loader import load_plan
+    from planner.lang.loader import load_plan
     from planner.pipeline import compile_plan
 
     from .check import _exactness, make_data, reference_compiled
@@ -361,14 +361,14 @@ def bench_plan(path: str, overrides: dict | None, tokens: list, tuning=None, wor
     tdata = load_tuning(tuning) if tuning else None
     link = None
     if world > 1 and cpu:
-        from .dist import run_ranks
+        from .ranks import run_ranks
         res = run_ranks(_bench_body, world, path, dict(overrides or {}), tokens, tdata, iters, trials, min(nsets, 2),
                         None, True, backend="gloo", timeout_s=300)
     elif world > 1:
         if torch.cuda.device_count() < world:
             raise RuntimeError(f"--world-size {world} needs {world} GPUs, found {torch.cuda.device_count()}")
         link = peer_bandwidth(0, 1)["GBps"]
-        from .dist import run_ranks
+        from .ranks import run_ranks
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         res = run_ranks(_bench_body, world, path, dict(overrides or {}), tokens, tdata, iters, trials, min(nsets, 2),
                         link, backend="nccl", timeout_s=580, coll_timeout_s=120)

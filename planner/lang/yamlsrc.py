@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import Loc, PlanError
+from ..errors import Loc, PlanError
 
 __all__ = ["Source", "load_yaml"]
 

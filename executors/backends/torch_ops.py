@@ -9,18 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from .dims import dim_fn, shape_fn
+from ..dims import dim_fn, shape_fn
+from ..dtypes import torch_dtype
 from .registry import register
 
-__all__ = ["TORCH_DTYPES", "torch_dtype", "gemm_torch"]
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
-                "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return TORCH_DTYPES[name]
-
+__all__ = ["gemm_torch"]
 
 def _into(out, t):
     """Copy t into the preallocated slot `out` when there is one."""

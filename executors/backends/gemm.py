@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from ..dtypes import torch_dtype
 from .registry import register
-from .torch_ops import gemm_torch, torch_dtype
+from .torch_ops import gemm_torch
 
 __all__ = ["FLASHINFER_SUBS"]
 
@@ -45,7 +46,7 @@ def _cute_supports(op, specs, device):
     n, k, why = _static_nk(specs)
     if why:
         return why
-    from . import cute
+    from .. import cute
     if not cute.available():
         return "cutlass DSL not importable or GPU older than sm_90"
     return cute.supports(1, n, k, torch.bfloat16, k)
@@ -53,7 +54,7 @@ def _cute_supports(op, specs, device):
 
 @register("gemm", "cute", supports=_cute_supports)
 def _cute_gemm(op, bctx):
-    from . import cute
+    from .. import cute
     explicit = op.backend == "cute"
     dt = torch.bfloat16
 
@@ -112,4 +113,48 @@ register("gemm", "flashinfer", supports=_fi_supports(None))(_fi_make(None))
 for _sub in FLASHINFER_SUBS:
     register("gemm", f"flashinfer:{_sub}", supports=_fi_supports(_sub))(_fi_make(_sub))
 # the other optional backends register themselves on import (cute "add", "p2p" all_gather)
-from . import add_backends, p2p  # noqa: E402,F401,I001
+
+
+def gemm_runner(backend: str, config: dict | None = None, out_dtype=None):
+    """fn(a, w, out=None) -> a @ w.T with this backend/config; `out` may be a column slice."""
+    dt = out_dtype or torch.bfloat16
+    if backend == "torch":
+        return lambda a, w, out=None: gemm_torch(a, w, dt, out)
+    if backend == "cute":
+        from .. import cute
+        from ..cute.config import Config, m_tile_for
+        base = Config.from_dict(config) if config else None
+        per_m: dict = {}
+
+        def run_cute(a, w, out=None):
+            m, k = a.shape
+            n = w.shape[0]
+            cfg = per_m.get((m, n, k))
+            if cfg is None:
+                cfg = base
+                if cfg is None or cfg.check(m, n, k) is not None:
+                    cfg = cute.default_config(m, n, k) if base is None else Config.from_dict(
+                        {**base.to_dict(), "m_tile": m_tile_for(m, base.kind)})
+                    if cfg.check(m, n, k) is not None:
+                        cfg = cute.default_config(m, n, k)
+                per_m[(m, n, k)] = cfg
+            target = out if out is not None and out.stride(-1) == 1 else None
+            if a.stride(1) != 1 or cute.supports(m, n, k, a.dtype, a.stride(0),
+                                                 None if target is None else target.stride(0)) is not None:
+                return gemm_torch(a, w, dt, out)
+            r = cute.skinny_gemm(a, w, out=target, config=cfg)
+            return r if out is None or r is out else out.copy_(r)
+        return run_cute
+    if backend.startswith("flashinfer"):
+        from flashinfer import mm_bf16
+        sub = backend.split(":", 1)[1] if ":" in backend else None
+        if sub is None:
+            major, minor = torch.cuda.get_device_capability()
+            sub = "cudnn" if major * 10 + minor < 100 else "cute-dsl"
+
+        def run_fi(a, w, out=None):
+            target = out if out is not None and out.is_contiguous() else None
+            r = mm_bf16(a if a.stride(1) == 1 else a.contiguous(), w.t(), out=target, out_dtype=dt, backend=sub)
+            return r if out is None or r is out else out.copy_(r)
+        return run_fi
+    raise ValueError(f"unknown gemm backend '{backend}'")

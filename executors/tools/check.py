@@ -18,9 +18,9 @@ import torch
 
 from planner.graph import build_graph
 
+from ..dtypes import torch_dtype
+from ..lowering import build_executor, default_schedule
 from .externs import default_externs
-from .lowering import build_executor, default_schedule
-from .torch_ops import torch_dtype
 
 __all__ = ["make_data", "pick_dims", "run_check", "compile_for_run", "ARITH_KINDS", "TOLERANCE"]
 

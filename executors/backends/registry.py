@@ -14,6 +14,9 @@ backend can run an op (specs: the TensorSpecs of the op's inputs). Lookup order:
 the op's explicit `backend` field, then the priority list, then torch, which
 covers every op on every device. An explicit backend that cannot run the op is an
 error naming the op and the backends tried; nothing falls back silently.
+
+This module is the table only; executors.backends lists the backend modules and loads
+them before the first lookup.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Impl", "register", "register_lazy", "lookup", "backends_for", "UnsupportedOp", "DEFAULT_PRIORITY"]
+__all__ = ["Impl", "register", "registered", "find", "UnsupportedOp", "DEFAULT_PRIORITY"]
 
 
 class UnsupportedOp(Exception):
@@ -41,9 +44,6 @@ def _always(op, specs, device):
 
 
 _REGISTRY: dict[tuple[str, str], Impl] = {}
-# optional backends register themselves lazily on first lookup (no GPU imports at import time)
-_LAZY: list[Callable[[], None]] = []
-_loaded_lazy = False
 # flashinfer is opt-in (backend_prefs or an op's backend field): its sub-backends want tuning first
 DEFAULT_PRIORITY = ("cute", "p2p", "torch")
 
@@ -56,27 +56,13 @@ def register(kind: str, backend: str, supports: Callable | None = None):
     return deco
 
 
-def register_lazy(loader: Callable[[], None]) -> None:
-    _LAZY.append(loader)
-
-
-def _ensure_loaded() -> None:
-    global _loaded_lazy
-    if not _loaded_lazy:
-        _loaded_lazy = True
-        from . import gemm_backends, torch_ops  # noqa: F401  - backends register themselves
-        for load in _LAZY:
-            load()
-
-
-def backends_for(kind: str) -> list[str]:
-    _ensure_loaded()
+def registered(kind: str) -> list[str]:
+    """The backends registered for `kind` so far."""
     return [b for (k, b) in _REGISTRY if k == kind]
 
 
-def lookup(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
-    """The implementation that runs `op`; raises UnsupportedOp with every reason."""
-    _ensure_loaded()
+def find(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
+    """The implementation that runs `op` among those registered; raises UnsupportedOp with every reason."""
     kind = op.op
     requested = getattr(op, "backend", "auto")
     tried: list[str] = []

@@ -1,61 +1,32 @@
-"""`planner run`: execute a compiled plan on N local ranks, optionally checked against the reference.
+"""Handlers of `planner run`, `planner tune` and `planner bench` (parsers: planner.cli).
 
-    planner run PLAN [--set k=v] [--world-size N] [--device cpu|cuda] [--check]
-                [--num-tokens T] [--seed S] [--emit text|json]
-
-Inputs and weights are seeded random tensors (executors.check.make_data); externs
-the plan calls are the deterministic stand-ins of executors.externs. With --check,
-every output is compared with the unfused single-stream plan: bit-exact for data
-movement, allclose where arithmetic is involved. Exit 0 ok, 1 mismatch or a rank
-failed, 2 invalid input.
+run: execute a compiled plan on N local ranks on seeded random inputs (executors.tools.check.make_data),
+externs bound to the deterministic stand-ins of executors.tools.externs; with --check every output is
+compared with the unfused single-stream plan: bit-exact for data movement, allclose where arithmetic is
+involved. Exit 0 ok, 1 mismatch or a rank failed, 2 invalid input.
+tune / bench: GPU only (exit 2 with a clear message without one); tune writes the tuning file
+(planner.tuning), bench prints compiled vs unfused reference vs floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
+from planner.commands import config_from_args
 from planner.errors import PlanError
+from planner.pipeline import compile_plan
 
-__all__ = ["register"]
-
-
-def register(sub) -> None:
-    p = sub.add_parser("run", help="run a plan on N local ranks on random inputs (--check: against the reference)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    try:
-        from planner.commands import add_compile_args, add_plan_args
-        add_plan_args(p)
-        add_compile_args(p)
-    except ImportError:  # planner.commands not there: the plain arguments
-        p.add_argument("plan", help="plan file (YAML)")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
-    p.add_argument("--world-size", type=int, default=None, metavar="N",
-                   help="number of ranks (default: the size of the plan's process groups, or 1)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="gloo on cpu, NCCL on cuda")
-    p.add_argument("--check", action="store_true", help="compare every output with the unfused reference")
-    p.add_argument("--num-tokens", type=int, default=None, metavar="T", help="value of the num_tokens dim")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
-    p.add_argument("--emit", choices=["text", "json"], default="text")
-    p.add_argument("--timeline", metavar="FILE", help="also record when each op ran on each stream (rank 0) and draw"
-                   " it: .png/.svg picture, or .json records (CUDA events on GPU, wall clock on CPU)")
-    p.add_argument("--as-if-capturing", action="store_true",
-                   help="for --timeline: evaluate gates as if a CUDA graph were being captured (selects the"
-                        " multi-stream variants while running eagerly)")
-    p.set_defaults(handler=_run)
+__all__ = ["cmd_run", "cmd_tune", "cmd_bench"]
 
 
 def _compile_config(ns: dict):
-    try:
-        from planner.commands import config_from_args
-    except ImportError:
-        return None
     return config_from_args(argparse.Namespace(**ns))
 
 
 def _rank_body(rank, world, path, overrides, ns, device, check, num_tokens, seed):
-    from planner.loader import load_plan
+    from planner.lang.loader import load_plan
 
     from .check import run_check
     cfg = _compile_config(ns)
@@ -110,9 +81,9 @@ def _timeline(plan, cfg, dev, num_tokens, seed, tuning, ns, rank: int = 0) -> di
     """One traced call after a warm-up (every rank runs it: collectives need all); rank 0 draws."""
     import json as _json
 
+    from ..lowering import build_executor
     from .check import compile_for_run, make_data, pick_dims
     from .externs import default_externs
-    from .lowering import build_executor
     b = pick_dims(plan, num_tokens, seed)
     inputs, weights = make_data(plan, b, seed, rank, dev)
     cp = compile_for_run(plan, cfg)
@@ -142,11 +113,11 @@ def _timeline(plan, cfg, dev, num_tokens, seed, tuning, ns, rank: int = 0) -> di
     return {"path": path, "ops": len(recs), "streams": sorted({r["stream"] for r in recs})}
 
 
-def _run(args) -> int:
-    from planner.loader import load_plan, parse_overrides
+def cmd_run(args) -> int:
+    from planner.lang.loader import load_plan, parse_overrides
 
     from .check import pick_dims
-    from .dist import RankFailure, run_ranks
+    from .ranks import RankFailure, run_ranks
     overrides = parse_overrides(args.overrides)
     plan = load_plan(args.plan, overrides)
     sizes = sorted({s for s in plan.groups.values() if s > 1})
@@ -160,11 +131,7 @@ def _run(args) -> int:
     pick_dims(plan, args.num_tokens, args.seed)  # range errors exit 2 here, not inside a rank
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
     cfg = _compile_config(ns)
-    try:
-        from planner.pipeline import compile_plan
-        compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
-    except ImportError:
-        pass
+    compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
     body = (args.plan, overrides, ns, args.device, args.check, args.num_tokens, args.seed)
     try:
         if world == 1 and not sizes:
@@ -224,3 +191,62 @@ def _table(reports: list[dict], world: int, args) -> str:
         lines.append(f"result: {'OK' if ok else 'MISMATCH'} ({len(r0['outputs'])} outputs x {world} rank(s))"
                      + (f": {'; '.join(why)}" if why else ""))
     return "\n".join(lines)
+
+
+def _gpu_or_exit() -> bool:
+    try:
+        import torch
+    except ImportError:
+        print("planner: this command needs torch and a CUDA GPU", file=sys.stderr)
+        return False
+    if not torch.cuda.is_available():
+        print("planner: this command times kernels and needs a CUDA GPU (none found)", file=sys.stderr)
+        return False
+    return True
+
+
+def cmd_tune(args) -> int:
+    from planner.lang.loader import parse_overrides
+
+    from .bench import parse_tokens
+    from .tune import save_tuning, tune_plan
+    overrides = parse_overrides(args.overrides)
+    from planner.lang.loader import load_plan
+    load_plan(args.plan, overrides)  # plan errors exit 2 before anything else
+    if not _gpu_or_exit():
+        return 2
+    res = tune_plan(args.plan, overrides, dim=args.dim, buckets=parse_tokens(args.buckets, []) or None,
+                    max_configs=args.max_configs, iters=args.iters, trials=args.trials, nsets=args.sets,
+                    variants=not args.no_variants, min_gain=args.min_gain, flashinfer=not args.no_flashinfer,
+                    budget_s=args.budget_s, refine=not args.no_refine)
+    if args.output:
+        save_tuning(res, args.output)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(json.dumps(res, indent=1))
+    print("limits: " + (", ".join(f"{k}={v}" for k, v in res["limits"].items()) or "(none)"), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from planner.lang.loader import load_plan, parse_overrides
+
+    from .bench import BENCH_COLS, bench_plan, parse_tokens, write_report
+    overrides = parse_overrides(args.overrides)
+    plan = load_plan(args.plan, overrides)
+    dim = "num_tokens" if "num_tokens" in plan.dims else next(iter(plan.dims), None)
+    tokens = parse_tokens(args.tokens, plan.dims[dim].buckets if dim else [])
+    sizes = sorted({s for s in plan.groups.values() if s > 1})
+    world = args.world_size or (sizes[0] if len(sizes) == 1 else 1)
+    if not _gpu_or_exit():
+        return 2
+    res = bench_plan(args.plan, overrides, tokens, tuning=args.tuning, world=world, iters=args.iters,
+                     trials=args.trials, nsets=args.sets)
+    meta = {k: v for k, v in res.items() if k != "rows"}
+    table = write_report(args.out, f"bench_{plan.name}", meta, res["rows"], BENCH_COLS,
+                         f"planner bench {plan.name} ({res.get('device')}, world {world})")
+    if args.emit == "json":
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(table)
+    return 0 if all(r["ok"] for r in res["rows"]) else 1

@@ -14,95 +14,36 @@ switch algorithms inside a bucket), and the limits the gates read (``tuned.NAME`
 measurements: the largest bucket B such that the gated variant beat the fallback at
 every bucket <= B (0 when it never wins).
 
-Tuning file (JSON):
-    {"device": str, "date": ISO-8601, "torch": str,
-     "limits":   {tuned limit name: int},
-     "backends": {op signature (planner.cost.op_signature): {"backend": str, "config": dict | null}},
-     "measured": {op signature: us of the chosen backend},
-     "variants": {region: {bucket: {variant: us}}},
-     "candidates": {op signature: {candidate label: us}}   (optional, for the record)}
-
-``planner compile --tuning F`` reads "limits" into the gates and "measured" into the cost
-model. ``apply_tuning(executor, F)`` rewires every gemm step of a built executor to the
-tuned backend/config of its signature (per call, by M: the entry of the smallest tuned
-M >= this call's M); build_executor(..., tuning=F) calls it for a tuning file (one with a
-"limits" key) before fusing gemm chains on top; tuned_executor() is that call for any dict.
+The tuning file's format is planner.tuning (validated there); build_executor(..., tuning=F)
+applies its "backends" to the lowered gemm steps (executors.tuning.apply_tuning) and its
+"limits" to the gates; tuned_executor() is that call for any dict.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import random
 import re
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from planner.tuning import (
+    FORMAT_KEYS,
+    load_tuning,
+    new_tuning,
+    parse_signature,
+    save_tuning,
+    validate_tuning,
+)
+
+from ..backends.gemm import gemm_runner
+from ..tuning import apply_tuning, static_int
 
 __all__ = [
     "FORMAT_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "derive_limit",
     "limit_gates", "parse_signature", "gemm_runner", "apply_tuning", "tuned_executor", "tunable_shapes",
     "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate", "capture_steps", "eager_times",
 ]
-
-FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
-_SIG = re.compile(r"^gemm:(?P<dtype>\w+):M=(?P<m>\d+),N=(?P<n>\d+),K=(?P<k>\d+)$")
-
-
-# ------------------------------------------------------------------ the file format
-
-def new_tuning(device: str = "cpu", torch_version: str = "", date: str | None = None) -> dict:
-    return {"device": device, "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch_version, "limits": {}, "backends": {}, "measured": {}, "variants": {}}
-
-
-def validate_tuning(data, where: str = "tuning") -> dict:
-    """Check the structure; returns data. Raises ValueError naming the bad key."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: must be a JSON object")
-    for k in ("limits", "backends", "measured", "variants"):
-        if k in data and not isinstance(data[k], dict):
-            raise ValueError(f"{where}: '{k}' must be an object")
-    for k, v in data.get("limits", {}).items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{where}: limits.{k} must be a non-negative integer, got {v!r}")
-    for k, v in data.get("measured", {}).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"{where}: measured['{k}'] must be a non-negative number, got {v!r}")
-    for k, v in data.get("backends", {}).items():
-        if not isinstance(v, dict) or not isinstance(v.get("backend"), str):
-            raise ValueError(f"{where}: backends['{k}'] must be {{\"backend\": str, \"config\": object|null}}")
-        if v.get("config") is not None and not isinstance(v["config"], dict):
-            raise ValueError(f"{where}: backends['{k}'].config must be an object or null")
-    return data
-
-
-def load_tuning(src) -> dict:
-    """A tuning file path or an already-loaded dict -> validated dict."""
-    if isinstance(src, dict):
-        return validate_tuning(src)
-    data = json.loads(Path(src).read_text())
-    return validate_tuning(data, str(src))
-
-
-def save_tuning(data: dict, path) -> Path:
-    validate_tuning(data)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ordered = {k: data[k] for k in FORMAT_KEYS if k in data}
-    ordered.update({k: v for k, v in data.items() if k not in ordered})
-    path.write_text(json.dumps(ordered, indent=1, sort_keys=False) + "\n")
-    return path
-
-
-def parse_signature(sig: str):
-    """'gemm:bf16:M=8,N=6144,K=7168' -> ('bf16', 8, 6144, 7168), or None for other ops."""
-    m = _SIG.match(sig)
-    if not m:
-        return None
-    return m["dtype"], int(m["m"]), int(m["n"]), int(m["k"])
-
 
 # ------------------------------------------------------------------ limits from measurements
 
@@ -134,127 +75,10 @@ def limit_gates(plan) -> dict:
 
 # ------------------------------------------------------------------ runners (timed and run alike)
 
-def _m_tile(m: int, kind: str) -> int:
-    if kind == "split_n":
-        return 1 << (max(m, 1) - 1).bit_length()
-    return 8 if m <= 8 else 16
-
-
-def gemm_runner(backend: str, config: dict | None = None, out_dtype=None):
-    """fn(a, w, out=None) -> a @ w.T with this backend/config; `out` may be a column slice."""
-    import torch
-
-    from .torch_ops import gemm_torch
-    dt = out_dtype or torch.bfloat16
-    if backend == "torch":
-        return lambda a, w, out=None: gemm_torch(a, w, dt, out)
-    if backend == "cute":
-        from . import cute
-        from .cute.config import Config
-        base = Config.from_dict(config) if config else None
-        per_m: dict = {}
-
-        def run_cute(a, w, out=None):
-            m, k = a.shape
-            n = w.shape[0]
-            cfg = per_m.get((m, n, k))
-            if cfg is None:
-                cfg = base
-                if cfg is None or cfg.check(m, n, k) is not None:
-                    cfg = cute.default_config(m, n, k) if base is None else Config.from_dict(
-                        {**base.to_dict(), "m_tile": _m_tile(m, base.kind)})
-                    if cfg.check(m, n, k) is not None:
-                        cfg = cute.default_config(m, n, k)
-                per_m[(m, n, k)] = cfg
-            target = out if out is not None and out.stride(-1) == 1 else None
-            if a.stride(1) != 1 or cute.supports(m, n, k, a.dtype, a.stride(0),
-                                                 None if target is None else target.stride(0)) is not None:
-                return gemm_torch(a, w, dt, out)
-            r = cute.skinny_gemm(a, w, out=target, config=cfg)
-            return r if out is None or r is out else out.copy_(r)
-        return run_cute
-    if backend.startswith("flashinfer"):
-        from flashinfer import mm_bf16
-        sub = backend.split(":", 1)[1] if ":" in backend else None
-        if sub is None:
-            major, minor = torch.cuda.get_device_capability()
-            sub = "cudnn" if major * 10 + minor < 100 else "cute-dsl"
-
-        def run_fi(a, w, out=None):
-            target = out if out is not None and out.is_contiguous() else None
-            r = mm_bf16(a if a.stride(1) == 1 else a.contiguous(), w.t(), out=target, out_dtype=dt, backend=sub)
-            return r if out is None or r is out else out.copy_(r)
-        return run_fi
-    raise ValueError(f"unknown gemm backend '{backend}'")
-
-
-def _static_int(d, params):
-    from planner.expr import eval_int
-    try:
-        return int(eval_int(d, params))
-    except Exception:  # noqa: BLE001 - symbolic in a dim: not tunable statically
-        return None
-
-
-def apply_tuning(ex, tuning) -> int:
-    """Rewire the gemm steps of a built Executor to the tuned backends; returns how many.
-
-    Per step, entries whose signature matches the op's dtype, N and K are kept by M; a call
-    with M uses the entry of the smallest tuned M >= M (the bucket its graph was captured
-    at), else the step's previous runner. Steps of fused gemm chains are left alone."""
-    table = (load_tuning(tuning) if tuning is not None else {}).get("backends") or {}
-    if not table:
-        return 0
-    import torch
-
-    from .torch_ops import torch_dtype
-    by_shape: dict = {}
-    for sig, entry in table.items():
-        p = parse_signature(sig)
-        if p is None:
-            continue
-        dtype, m, n, k = p
-        by_shape.setdefault((dtype, n, k), {})[m] = entry
-    params = ex.plan.params
-    g = ex.compiled.graph
-    count = 0
-    for st in ex._steps:
-        if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
-            continue  # a fused gemm chain (executors.gemm_chain) keeps its kernel
-        op = g.nodes[st.id]["op"]
-        a_spec, w_spec = (ex._specs[n] for n in op.inputs())
-        n, k = _static_int(w_spec.shape[0], params), _static_int(w_spec.shape[1], params)
-        entries = by_shape.get((a_spec.dtype, n, k))
-        if not entries or (op.out_dtype not in (None, a_spec.dtype)):
-            continue
-        if getattr(op, "backend", "auto") not in (None, "auto"):
-            continue  # an explicitly named backend wins over tuning
-        orig = st.run
-        dt = torch_dtype(op.out_dtype or a_spec.dtype)
-        runners = {m: gemm_runner(e["backend"], e.get("config"), dt) for m, e in entries.items()}
-        ms = sorted(runners)
-        maxm = ms[-1]
-        lut = [None] * (maxm + 1)
-        for mm in range(maxm + 1):
-            lut[mm] = runners[next(x for x in ms if x >= mm)]
-
-        def run(ins, b, out, lut=lut, maxm=maxm, orig=orig):
-            m = ins[0].shape[0]
-            if m > maxm:
-                return orig(ins, b, out)
-            return lut[m](ins[0], ins[1], out)
-        st.run = run
-        st.backend = "tuned:" + ",".join(sorted({e["backend"] for e in entries.values()}))
-        ex.backends[st.id] = st.backend
-        count += 1
-    del torch
-    return count
-
-
 def tuned_executor(compiled, weights, tuning=None, **kw):
     """build_executor with a tuning file: its limits (those the plan declares) go to the gates and
     its backends to apply_tuning, which build_executor calls before fusing gemm chains on top."""
-    from .lowering import build_executor
+    from ..lowering import build_executor
     data = load_tuning(tuning) if tuning is not None else None
     if data is not None:
         data = {**data, "limits": dict(data.get("limits") or {})}
@@ -270,7 +94,7 @@ def tunable_shapes(ex) -> set:
             continue
         op = g.nodes[st.id]["op"]
         a_spec, w_spec = (ex._specs[n] for n in op.inputs())
-        out.add((a_spec.dtype, _static_int(w_spec.shape[0], ex.plan.params), _static_int(w_spec.shape[1], ex.plan.params)))
+        out.add((a_spec.dtype, static_int(w_spec.shape[0], ex.plan.params), static_int(w_spec.shape[1], ex.plan.params)))
     return out
 
 
@@ -290,9 +114,9 @@ def gemm_candidates(m: int, n: int, k: int, max_configs: int = 24, flashinfer: b
     """[(backend, config dict | None)] eligible here, torch first, the cute default next."""
     import torch
     out = [("torch", None)]
-    from . import cute
+    from .. import cute
     if cute.available() and cute.supports(m, n, k, torch.bfloat16, k) is None:
-        from .cute.config import configs_for, kind_for
+        from ..cute.config import configs_for, kind_for
         seen = set()
         cands = [cute.default_config(m, n, k)] + configs_for(m, n, k, kind=kind_for(n, k))
         for c in cands:
@@ -320,7 +144,7 @@ def gemm_candidates(m: int, n: int, k: int, max_configs: int = 24, flashinfer: b
 
 def cand_label(backend: str, config: dict | None) -> str:
     if backend == "cute" and config:
-        from .cute.config import Config
+        from ..cute.config import Config
         return "cute:" + Config.from_dict(config).key()
     return backend
 
@@ -605,7 +429,7 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
     """Tune a plan (see the module doc). device="cpu" is a dry run: eager timing, torch only."""
     import torch
 
-    from planner.loader import load_plan
+    from planner.lang.loader import load_plan
     from planner.pipeline import compile_plan
     if device != "cpu" and not torch.cuda.is_available():
         raise RuntimeError("planner tune needs a CUDA GPU (it times kernels)")

@@ -31,7 +31,9 @@ import os
 
 import torch
 
-from .dims import shape_fn
+from ..dims import shape_fn
+from ..dtypes import torch_dtype
+from ..errors import BuildError
 from .registry import register
 
 __all__ = ["P2PGather", "p2p_supports"]
@@ -134,11 +136,9 @@ def _max_shape(spec, bctx):
 
 @register("all_gather", "p2p", supports=p2p_supports)
 def _p2p_all_gather(op, bctx):
-    from .lowering import BuildError
     comm = bctx.comm(op.group)
     if comm.size == 1:
         return lambda ins, b, out: ins[0] if out is None else out.copy_(ins[0])
-    from .torch_ops import torch_dtype
     spec = bctx.specs[op.inputs()[0]]
     nbytes = torch_dtype(spec.dtype).itemsize
     for d in _max_shape(spec, bctx):

@@ -1,4 +1,4 @@
-"""`planner viz` and `planner timeline`.
+"""Handlers of `planner viz` and `planner timeline` (parsers: planner.cli).
 
 Exit codes: 0 picture written; 1 an image (svg/png/html) was asked for but could not be
 rendered (no Graphviz, timeout): the DOT text is written next to it instead; 2 invalid
@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 from ..errors import Loc, PlanError
-from ..loader import load_plan, parse_overrides
+from ..lang.loader import load_plan, parse_overrides
 from .dot import VizOptions, to_dot
 from .render import FORMATS, INSTALL_HINT, RenderError, html_page, render_dot, write_bytes
 
-__all__ = ["register", "compile_for_viz", "cmd_viz", "cmd_timeline"]
+__all__ = ["compile_for_viz", "cmd_viz", "cmd_timeline"]
 
 
 def _note(msg: str) -> None:
@@ -24,15 +24,8 @@ def _note(msg: str) -> None:
 
 
 def compile_for_viz(plan, after: str | None = None, disable: list[str] | None = None):
-    """The compiled plan through the pipeline (stopping after `after`), or the bare graph
-    when the pipeline is not part of this checkout."""
-    try:
-        from ..pipeline import CompileConfig, compile_plan
-    except ImportError:
-        if after or disable:
-            raise PlanError.at(None, "param", "--after/--disable need planner.pipeline, which this checkout lacks") from None
-        from ..graph import build_graph
-        return build_graph(plan), "before any pass (no pipeline in this checkout)"
+    """The compiled plan through the pipeline (stopping after `after`)."""
+    from ..pipeline import CompileConfig, compile_plan
     cfg = CompileConfig(disable_passes=set(disable or ()), stop_after=after)
     cp = compile_plan(plan, cfg)
     ran = list(getattr(cp, "passes_run", []) or [])
@@ -59,7 +52,7 @@ def _fmt_of(path: Path | None, fmt: str | None) -> str:
 def cmd_viz(args) -> int:
     out = Path(args.output) if args.output else None
     fmt = _fmt_of(out, args.format)
-    plan = load_plan(args.plan, parse_overrides(args.set))
+    plan = load_plan(args.plan, parse_overrides(args.overrides))
     cp, stage = compile_for_viz(plan, args.after, args.disable)
     t0 = time.perf_counter()
     dot_text, stats = to_dot(cp, VizOptions(variant=args.variant, expand=args.expand, title=stage, lanes=args.lanes))
@@ -124,29 +117,3 @@ def cmd_timeline(args) -> int:
         return 1
     _note(f"wrote {out}")
     return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("viz", help="draw the compiled dependency graph (stream lanes, events, variants)",
-                       description="Draw a plan's compiled dependency graph: one lane per stream, event"
-                       " edges, fused collectives, gated variants side by side, repeated layers collapsed.")
-    p.add_argument("plan", help="plan YAML file")
-    p.add_argument("-o", "--output", help="out.svg | out.png | out.html | out.dot (default: DOT on stdout)")
-    p.add_argument("--format", choices=FORMATS, help="override the format implied by -o")
-    p.add_argument("--set", action="append", metavar="K=V", help="override a param (repeatable)")
-    p.add_argument("--variant", metavar="NAME", help="show only this variant of each region that has it")
-    p.add_argument("--after", metavar="PASS", help="stop the pipeline after this pass")
-    p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
-    p.add_argument("--expand", action="store_true", help="draw every repeated layer instead of one with a count")
-    p.add_argument("--lanes", choices=["inner", "outer"], default="inner",
-                   help="inner: stream lanes inside each region/variant box (default); outer: one column per stream")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds Graphviz may take (default 120)")
-    p.set_defaults(handler=cmd_viz)
-
-    t = sub.add_parser("timeline", help="draw measured per-stream timelines (Gantt) from records JSON",
-                       description="Per-stream Gantt chart of measured op times: one row per stream, bars"
-                       " coloured by op kind, shaded where streams overlap.")
-    t.add_argument("records", help='JSON: [{"stream", "op", "kind", "start_us", "end_us"}, ...]')
-    t.add_argument("-o", "--output", required=True, help="out.svg | out.png")
-    t.add_argument("--title", default="", help="title above the chart")
-    t.set_defaults(handler=cmd_timeline)

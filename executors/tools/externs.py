@@ -52,7 +52,7 @@ def default_extern(name: str):
         return y.to(dtype)
     fn.wants_shape = True
     fn.__name__ = f"standin_{name}"
-    fn.__doc__ = f"deterministic stand-in for extern '{name}' (executors.externs)"
+    fn.__doc__ = f"deterministic stand-in for extern '{name}' (executors.tools.externs)"
     return fn
 
 

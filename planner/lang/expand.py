@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .errors import Loc, PlanError, did_you_mean
-from .expr import Call, ExprError, Index, ListE, Name, Num, Slice, evaluate, parse, unparse
-from .ops import OP_MODELS, USER_OPS
+from ..errors import Loc, PlanError, did_you_mean
+from ..expr import Call, ExprError, Index, ListE, Name, Num, Slice, evaluate, parse, unparse
+from ..ops import OP_MODELS, USER_OPS
 from .yamlsrc import Source
 
 __all__ = ["RawOp", "RegionRaw", "Expander"]
@@ -471,12 +471,12 @@ class Expander:
         if fk == S:
             if isinstance(v, Name):
                 return v.id
-            from .expr import Str
+            from ..expr import Str
             if isinstance(v, Str):
                 return v.value
             raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a name, got '{unparse(v)}'")
         if fk == STR:
-            from .expr import Str
+            from ..expr import Str
             if not isinstance(v, Str):
                 raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a quoted string")
             return v.value

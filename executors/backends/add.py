@@ -35,7 +35,7 @@ def _cute_add_supports(op, specs, device):
         return f"column count {cols} is not static"
     if cols < 8 or cols % 8:
         return f"column count {cols} is not a multiple of 8"
-    from . import cute
+    from .. import cute
     if not cute.available():
         return "cutlass DSL not importable or GPU older than sm_90"
     return None
@@ -43,7 +43,7 @@ def _cute_add_supports(op, specs, device):
 
 @register("add", "cute", supports=_cute_add_supports)
 def _cute_add(op, bctx):
-    from .cute import elementwise as ew
+    from ..cute import elementwise as ew
     explicit = getattr(op, "backend", "auto") == "cute"  # Add has no backend field today
 
     def run(ins, b, out):

@@ -1,0 +1,37 @@
+"""Backends: implementations of op kinds keyed by (op, backend), with capability checks.
+
+The one list of backend modules is the import in _load() below; each registers its implementations
+into executors.backends.registry when first loaded (before the first lookup), and none
+imports a GPU library until a capability check or a run needs it.
+  torch_ops  every op kind, on CPU and GPU (the fallback)
+  gemm       CuTe DSL skinny GEMMs (executors.cute) and FlashInfer mm_bf16
+  add        the CuTe DSL strided add (writes into packed slots)
+  p2p        the symmetric-memory all-gather for CUDA graphs
+"""
+
+from __future__ import annotations
+
+from .registry import DEFAULT_PRIORITY, Impl, UnsupportedOp, find, register, registered
+
+__all__ = ["DEFAULT_PRIORITY", "Impl", "UnsupportedOp", "register", "lookup", "backends_for"]
+
+_loaded = False
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import add, gemm, p2p, torch_ops  # noqa: F401  - each registers itself
+
+
+def backends_for(kind: str) -> list[str]:
+    """Every backend that implements `kind`."""
+    _load()
+    return registered(kind)
+
+
+def lookup(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
+    """The implementation that runs `op` on `device`; raises UnsupportedOp with every reason."""
+    _load()
+    return find(op, specs, device, prefs)

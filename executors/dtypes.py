@@ -1,0 +1,14 @@
+"""Plan dtype names -> torch dtypes (the runtime's one table)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["TORCH_DTYPES", "torch_dtype"]
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
+                "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return TORCH_DTYPES[name]

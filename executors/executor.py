@@ -1,0 +1,252 @@
+"""The call of a lowered plan: Executor(**inputs) walks the schedule once.
+
+A call skips ops whose variant did not win, waits on the op's events, runs it on its
+stream, records its events, and joins at the end.
+
+Streams: "main" is the caller's current stream; any other name is the one shared
+side stream of that name (executors.streams). Lifetimes across streams: buffers are
+allocated on the main stream before a side-stream op is entered; tensors allocated
+by a side-stream op get record_stream() for the streams that consume them (and the
+main stream) outside graph capture, so the caching allocator cannot hand their
+memory out before those streams are done. Under capture the graph's private pool
+keeps them alive, and record_stream is skipped (as TensorRT-LLM does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from planner.predicates import Facts
+
+from .dims import shape_fn
+from .dtypes import torch_dtype
+from .gating import GateTensors, is_capturing
+from .streams import MAIN, side_stream
+
+__all__ = ["Executor", "Step"]
+
+
+class Step:
+    """One lowered op: what runs, on which stream, with which events."""
+
+    __slots__ = ("id", "kind", "run", "ins", "outs", "guard", "stream", "waits", "records", "slot",
+                 "packed_out", "select", "rs_streams", "backend")
+
+
+class Executor:
+    """Callable: executor(**inputs, dims=None) -> {output name: tensor}."""
+
+    def __init__(self, cp, steps, gates, solver, comms, device, weights, tuned, events, exit_waits, trace):
+        self.compiled = cp
+        self.plan = cp.plan
+        self._steps = steps
+        self._gates = gates
+        self._solver = solver
+        self._comms = comms
+        self.device = device
+        self._weights = weights
+        self.tuned = tuned
+        self._events = events
+        self._exit_waits = exit_waits
+        self._cuda = device.type == "cuda"
+        self._specs = cp.tensors
+        self._packed_shape = {}
+        self.last_variants: dict[str, str] = {}
+        self.last_facts: Facts | None = None
+        self._tracing = trace
+        self.last_trace: list[dict] = []
+        self._inputs = list(cp.plan.inputs)
+        self._outputs = list(cp.plan.outputs)
+        self.rank = next((c.rank for c in comms.values() if c.pg is not None), 0)
+        self.world_size = torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else 1
+        self.cc = 0
+        if self._cuda:
+            major, minor = torch.cuda.get_device_capability(device)
+            self.cc = major * 10 + minor
+        self.backends = {s.id: s.backend for s in steps}
+
+    # ------------------------------------------------------------ facts and variants
+
+    def facts(self, inputs: dict, dims: dict | None = None, env: dict | None = None, capturing: bool | None = None) -> Facts:
+        b = self._solver.solve(inputs, dims)
+        return Facts(dims=b, capturing=is_capturing(self._cuda) if capturing is None else capturing, cc=self.cc,
+                     device=self.device.type, rank=self.rank, world_size=self.world_size, tuned=self.tuned,
+                     tensors=GateTensors(env if env is not None else inputs, self._specs, b))
+
+    def choose(self, facts: Facts) -> dict[str, str]:
+        """Every region's variant under `facts` (what a call with these facts would run)."""
+        return {r: g.choose(facts) for r, g in self._gates.items()}
+
+    @contextlib.contextmanager
+    def trace(self):
+        """Record per-op start/end times per stream for the calls inside; read .last_trace after."""
+        old = self._tracing
+        self._tracing = True
+        try:
+            yield self
+        finally:
+            self._tracing = old
+
+    # ------------------------------------------------------------ the call
+
+    def __call__(self, dims: dict | None = None, _facts: Facts | None = None, **inputs):
+        if len(inputs) != len(self._inputs) or any(n not in inputs for n in self._inputs):
+            missing = [n for n in self._inputs if n not in inputs]
+            extra = [n for n in inputs if n not in self._inputs]
+            raise TypeError(f"plan '{self.plan.name}' takes inputs {self._inputs}; missing {missing}, unexpected {extra}")
+        env = dict(self._weights)
+        env.update(inputs)
+        facts = _facts or self.facts(inputs, dims, env)
+        facts.tensors = GateTensors(env, self._specs, facts.dims)
+        b = facts.dims
+        gates = self._gates
+        chosen: dict[str, str] = {}
+        cuda = self._cuda
+        tracing = self._tracing
+        recs = [] if tracing else None
+        if cuda:
+            main = torch.cuda.current_stream(self.device)
+            capturing = facts.capturing
+            recorded = set()
+            started: dict[str, object] = {}
+            ev = self._events
+            if "entry" in ev:
+                ev["entry"].record(main)
+                recorded.add("entry")
+        for st in self._steps:
+            if st.guard:
+                skip = False
+                for r, v in st.guard:
+                    c = chosen.get(r)
+                    if c is None:
+                        c = chosen[r] = gates[r].choose(facts)
+                    if c != v:
+                        skip = True
+                        break
+                if skip:
+                    continue
+            if st.select is not None:
+                r, choices = st.select
+                c = chosen.get(r)
+                if c is None:
+                    c = chosen[r] = gates[r].choose(facts)
+                env[st.outs[0]] = env[choices[c]]
+                continue
+            out = None
+            if st.slot is not None:
+                out = self._slot(st.slot, env, b)
+            elif st.packed_out is not None:
+                out = self._packed(st.packed_out, env, b)
+            ins = [env[n] for n in st.ins]
+            if not cuda:
+                t0 = time.perf_counter() if tracing else 0.0
+                res = st.run(ins, b, out)
+                if tracing:
+                    recs.append((st, t0, time.perf_counter()))
+            else:
+                s = main if st.stream == MAIN else side_stream(st.stream, self.device)
+                if s is not main and st.stream not in started:
+                    started[st.stream] = st
+                    if not any(w in recorded for w in st.waits):
+                        s.wait_event(ev["entry"] if "entry" in recorded else self._entry(main, recorded))
+                for w in st.waits:
+                    if w in recorded:
+                        s.wait_event(ev[w])
+                res = self._run_on(st, s, main, ins, b, out, tracing, recs)
+                for e in st.records:
+                    ev[e].record(s)
+                    recorded.add(e)
+                if s is not main and not capturing:
+                    for t in (res if isinstance(res, list) else (res,)):
+                        for name in st.rs_streams:
+                            t.record_stream(main if name == MAIN else side_stream(name, self.device))
+                started[st.stream] = st
+            if isinstance(res, list):
+                for n, t in zip(st.outs, res, strict=True):
+                    env[n] = t
+            else:
+                if out is not None and res is not out and st.slot is not None:
+                    out.copy_(res)
+                    res = out
+                env[st.outs[0]] = res
+        if cuda:
+            self._join(main, started, recorded)
+        self.last_variants = chosen
+        self.last_facts = facts
+        if tracing:
+            self.last_trace = self._trace_records(recs)
+        return {n: env[n] for n in self._outputs}
+
+    # ------------------------------------------------------------ helpers of the call
+
+    def _entry(self, main, recorded):
+        ev = self._events.setdefault("entry", torch.cuda.Event())
+        ev.record(main)
+        recorded.add("entry")
+        return ev
+
+    def _run_on(self, st, s, main, ins, b, out, tracing, recs):
+        if tracing:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(s)
+        if s is main:
+            res = st.run(ins, b, out)
+        else:
+            with torch.cuda.stream(s):
+                res = st.run(ins, b, out)
+        if tracing:
+            e1.record(s)
+            recs.append((st, e0, e1))
+        return res
+
+    def _join(self, main, started, recorded):
+        ev = self._events
+        for e in self._exit_waits:
+            if e in recorded:
+                main.wait_event(ev[e])
+        # any side stream whose last op this call is not covered by an exit wait joins here too,
+        # so the main stream (and a capture) never returns with work forked and unjoined
+        for name, st in started.items():
+            if name == MAIN or any(e in self._exit_waits for e in st.records):
+                continue
+            tail = ev.setdefault(f"tail:{name}", torch.cuda.Event())
+            tail.record(side_stream(name, self.device))
+            main.wait_event(tail)
+
+    def _packed(self, name, env, b):
+        t = env.get(name)
+        if t is None:
+            spec = self._specs[name]
+            fn = self._packed_shape.get(name)
+            if fn is None:
+                fn = self._packed_shape[name] = shape_fn(spec.shape, self.plan.params)
+            t = env[name] = torch.empty(fn(b), dtype=torch_dtype(spec.dtype), device=self.device)
+        return t
+
+    def _slot(self, slot, env, b):
+        name, dim, off, size = slot
+        return self._packed(name, env, b).narrow(dim, off(b), size(b))
+
+    def _trace_records(self, recs) -> list[dict]:
+        if not recs:
+            return []
+        out = []
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+            base = recs[0][1]
+            for st, e0, e1 in recs:
+                out.append({"stream": st.stream, "op": st.id, "kind": st.kind,
+                            "start_us": base.elapsed_time(e0) * 1e3, "end_us": base.elapsed_time(e1) * 1e3})
+            t0 = min(r["start_us"] for r in out)
+            for r in out:
+                r["start_us"] -= t0
+                r["end_us"] -= t0
+        else:
+            base = recs[0][1]
+            for st, t0, t1 in recs:
+                out.append({"stream": st.stream, "op": st.id, "kind": st.kind,
+                            "start_us": (t0 - base) * 1e6, "end_us": (t1 - base) * 1e6})
+        return out
