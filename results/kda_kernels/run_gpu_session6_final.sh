@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# Final GPU proof of the session-6 code (2026-11-30; producers' W_FB L2 prefetch at M <= 8, pdl_wait,
-# two launches at M = 15, 16): the same steps as session 5's final script - the one-GPU pytest suite,
-# the compiled-plan KDA step bench twice, `planner bench`, compute-sanitizer memcheck and the
-# kernel-level table. Run after staging the wheels (see run_gpu.sh), with PYTHONPATH and
-# PLANNER_CACHE_DIR set.
-exec bash "$(dirname "$0")/run_gpu_session5_final2.sh"
