@@ -36,7 +36,7 @@ class DeviceProfile:
     event_us: float = 1.0            # one cross-stream record+wait pair
     # cost of an elementwise write into a row-strided slot of a packed buffer, relative to a
     # contiguous one: 1.05 with the CuTe strided add (executors/cute/elementwise.py), 1.83 with
-    # torch's elementwise kernels (results/strided_add/2026-11-30_h200x2.md)
+    # torch's elementwise kernels (results/zero_copy_packing.md)
     strided_write_factor: float = field(default_factory=lambda: default_strided_write_factor())
     measured: dict = field(default_factory=dict)  # op signature -> {bucket: us}
 

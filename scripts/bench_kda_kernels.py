@@ -441,17 +441,17 @@ def needed_fused():
 # ---- variant sweep (2026-11-30 run7): L2 bulk prefetch, tile shapes, launch attributes ----
 VSWEEP_MS = (1, 4, 8, 9, 12, 16)
 # run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
-# faster (results/kda_kernels/2026-11-30_h200_run7_run8_variants.md); run8 times consumer passes
+# faster (results/kda_kernels.md); run8 times consumer passes
 # run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies;
-# run11: early PDL triggers (results/kda_kernels/; run10/run11's knobs were removed again);
+# run11: early PDL triggers (results/kda_kernels.md; run10/run11's knobs were removed again);
 # run12: producer L2 prefetch (ppf, now the M <= 8 default) and consumers-first block order
 # (cf); run13: F_A/beta as a split-N launch before the fused grid (ext); cf and ext were
-# slower and were removed again (results/kda_kernels/2026-11-30_h200_run12_to_run19.md).
+# slower and were removed again (results/kda_kernels.md).
 VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed up to run38) (2, 8, 4, 2, 1, {"ppf": 1}),
     # run17 timed t1/wn2/wk8 fb1|fb2 +-ppf and t2/wn2/wk4 fb2 here: none faster; run19/run20
     # timed a split-K F_A/beta prologue by a helper warp per block (knobs sk / spad, code at
-    # commit 7e46f25, removed again: slower, results/kda_kernels/2026-11-30_h200_run19*, run20*)
+    # commit 7e46f25, removed again: slower, results/data/kda_kernels/2026-11-30T0513_h200_kda_sweep_split_k_prologue_*, T0519_*)
     # (timed up to run38) (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
     # run22 timed producers publishing f_a with one fence per block (after the barrier) instead
     # of one per thread: 0.03-0.23 us faster at M = 1, 4, 8 (now the only way)
@@ -481,13 +481,13 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # two, once f_a is there): equal at m_tile 8, 0.5-1 us slower at 16. Producers prefetching
     # W_FB into L2 with evict_last before their stream loop: 1.5-2.5 us slower; one or two
     # iterations before its end (as the consumers start): 0.2-0.5 us faster at m_tile 8
-    # (results/kda_kernels/2026-11-30_h200_run39_pe_wbpf_sweep.md). run40: fbpf now counts from
+    # (results/data/kda_kernels/2026-11-30T0753_h200_kda_sweep_epoch_reread_in_poll.log). run40: fbpf now counts from
     # after the mma steps of iteration NIT - fbpf (run39's 1 / 2 are 2 / 3 here); only 1 (after
     # the loop) stays at 78 registers at m_tile 16
     # run40 (two sweeps): at m_tile 8 fbpf 3 (minb 3: 80 registers) 0.37-0.66 us faster than the
     # defaults at M = 1..8, fbpf 2 (76 registers) 0.2-0.4, evict_last no different; 1 (after the
     # loop) slower, at m_tile 16 2.5 us slower: a block cannot retire before its bulk prefetch is
-    # done (results/kda_kernels/2026-11-30_h200_run40_wbpf_sweep_{a,b}.md). run41: m_tile 16 with
+    # done (results/data/kda_kernels/2026-11-30T0755_h200_kda_sweep_w_fb_prefetch_{a,b}.log). run41: m_tile 16 with
     # fbpf 2 capped at 80 registers (44 bytes of spills; uncapped 106)
     # run41: fbpf 3 + minb 3 (m_tile 8) and fbpf 2 + minb 3 at M = 16 became the defaults;
     # evict_last no faster (removed); at M = 9..15 fbpf 2 0.15-0.3 us slower than two passes.
@@ -495,13 +495,13 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # evict_last (knob xld, code at commit 68179c6, removed): no difference at either
     # m_tile. The m_tile-16 kernel forced at M = 1: 23.4-23.5 us against 21.3-21.4 for m_tile 8,
     # so its ~2 us are structural (x row pairs per lane, not the x bytes: at M = 1 all rows are
-    # one row) (results/kda_kernels/2026-11-30_h200_run44_xld_sweep_{a,b}.md)
+    # one row) (results/data/kda_kernels/2026-11-30T0807_h200_kda_sweep_x_load_path_{a,b}.log)
     # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
     # run45 (two sweeps): the shared-memory carveout (knob carve: 14 / 28 / 44 % at m_tile 8, 0 /
-    # 14 at 16) changes nothing (results/kda_kernels/2026-11-30_h200_run45_carve_sweep_{a,b}.md)
+    # 14 at 16) changes nothing (results/data/kda_kernels/2026-11-30T0810_h200_kda_sweep_smem_carveout_{a,b}.log)
     # run46 (two sweeps): the m_tile-16 kernel at M = 1 / 4 / 8 is 2.1 / 2.1 / 1.9 us slower than
     # m_tile 8; without its second x row load per lane (diagnostic knob dx) 1.3 / 1.4 / 1.6 us
-    # (results/kda_kernels/2026-11-30_h200_run46_dx_sweep_{a,b}.md)
+    # (results/data/kda_kernels/2026-11-30T0811_h200_kda_sweep_second_x_load_{a,b}.log)
     # run48: with pdl_wait (the non-fused kernels' prologue loads now overlap the previous
     # kernel), fused against two launches at M = 9..16 (the e[...] rows)
     # run49: swapped mma roles (swap = 1, weights prepacked in A-fragment order, wl = 2): the
@@ -522,7 +522,7 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # (timed in run50) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
     # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
     # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "fbpf": 3, "minb": 3, "only_mt": 16}),
-    # run50 (two sweeps, results/kda_kernels/2026-11-30_h200_run50_*): forced m_tile 16 at M = 8 is
+    # run50 (two sweeps, results/data/kda_kernels/2026-11-30T0912_h200_kda_sweep_m16_swapped_launch_bound_*): forced m_tile 16 at M = 8 is
     # 1.0 us slower than m_tile 8, 0.2 without its second x load (dx); t4 and wn2 (197 stream
     # blocks: uneven per SM) 1.7-9 us slower; u2 0.4-0.5 faster at M = 9, slower at 16; the register
     # cap alone (minb 3: 76 -> 78 registers, same instruction count, other schedule) 0.7-1.1 us
@@ -537,26 +537,26 @@ VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
     # staged through shared memory by TMA bulk copies, one per x row and iteration issued by warp 0
     # into two mbarrier stages (knob xs, code at commit 9c41b87, removed): correct, but 0.2-2 us
     # slower at m_tile 8 (growing with M) and 4-5.5 us slower at 16
-    # (results/kda_kernels/2026-11-30_h200_run52_xs_sweep_{a,b}.md)
-    # run53 (two sweeps, results/kda_kernels/2026-11-30_h200_run53_sweep_{a,b}.md): the producers'
+    # (results/data/kda_kernels/2026-11-30T0917_h200_kda_sweep_x_through_smem_tma_{a,b}.md)
+    # run53 (two sweeps, results/data/kda_kernels/2026-11-30T0926_h200_kda_sweep_unswapped_m16_one_pass_{a,b}.md): the producers'
     # L2 prefetch of their whole share after the PDL wait instead of during the previous launch's
     # tail (knob value ppf 2, not kept): 0.8-1.6 us slower at both m_tiles. The unswapped m_tile-16
     # kernel (no prepacked weight), whose default (fp2) measures 26.2-28.5 us at M = 9..14 since
     # run49 (23.9-24.7 in run48, same 77 registers): one pass with minb 3 23.6-24.5 (the default
     # since), one pass 24.2-25.1, two passes with minb 3 25.5-28.7
     # (timed in run53) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
-    # run54 (two sweeps, results/kda_kernels/2026-11-30_h200_run54_pc_sweep_{a,b}.md): the producers
+    # run54 (two sweeps, results/data/kda_kernels/2026-11-30T0933_h200_kda_sweep_producers_compute_fb_{a,b}.md): the producers
     # computing F_B themselves after publishing f_a (knob pc, code at commit 2c4b164, removed: 3 n8
     # tiles per warp, 8 producers x 8 warps x 24 rows = 1536, no consumer blocks, grid 393),
     # with and without their W_FB prefetch: correct, 0.7-1.7 us slower at both m_tiles
-    # run56 (two sweeps, results/kda_kernels/2026-11-30_h200_run56_pw_sweep_{a,b}.md): the stream
+    # run56 (two sweeps, results/data/kda_kernels/2026-11-30T0937_h200_kda_sweep_weight_loads_after_pdl_wait_{a,b}.md): the stream
     # blocks' first weight loads after the PDL wait instead of before it (knob pw, not kept), off the
     # previous launch's F_B tail (run55): 1.0-2.0 us slower at both m_tiles - the prologue overlap
     # is worth more than a quieter tail
     # run57 (two sweeps, ..._run57_npf_sweep_{a,b}.md): the other way round, every warp also
     # bulk-prefetching its next 1 / 2 iterations into L2 before the PDL wait (knob npf, not kept):
     # 1.0-1.6 / 2.9-3.5 us slower at both m_tiles
-    # run58 (session 8, two sweeps, results/kda_kernels/2026-11-30_h200_run58_sweep_{a,b}.md): g1
+    # run58 (session 8, two sweeps, results/data/kda_kernels/2026-11-30T1000_h200_kda_sweep_three_warps_n_{a,b}.md): g1
     # stored as bf16x2 pairs (gst 1: 4 instead of 8 stores per consumer lane; the F_B tail queues
     # behind the stream loads on its SM): 0.7-0.9 us faster at M = 16, 0.15-0.3 at 14, 0-0.25 at
     # 9, 12; 3 warps along N (wn3: 768-thread blocks of 48 rows, one per SM, 131 stream blocks + 4
@@ -621,7 +621,7 @@ VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side 
 ]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
     # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
-    # none faster than the default (results/kda_kernels/2026-11-30_h200_run15_fb_shapes_sweep.md)
+    # none faster than the default (results/data/kda_kernels/2026-11-30T0453_h200_kda_sweep_fb_block_shapes.log)
     ({}, {}), ({"ki": 1}, {}),  # run48: again, with pdl_wait; run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
 ]
 
@@ -755,7 +755,7 @@ def profile_once(specs):
 def main():
     global VARIANT_PRECOMPILE
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "results/kda_kernels"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/bench_kda_kernels"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sanitize", action="store_true", help="small correctness run only")
     ap.add_argument("--no-sweep", action="store_true")

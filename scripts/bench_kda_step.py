@@ -18,7 +18,7 @@ references (cosine > 0.999, rel < 1e-2; g1's reference uses the bf16-rounded f_a
 Timing: one CUDA graph of --iters steps per path, 4 weight sets rotated (the L2 is 60 MB),
 2 warm-ups, median of --trials (21) replays, the paths in a new random order every trial.
 
-    python scripts/bench_kda_step.py --tuning results/tuning/X.json --out results/kda_step
+    python scripts/bench_kda_step.py --tuning results/tuning/X.json --out /tmp/kda_step
     python scripts/bench_kda_step.py --dry-run     # CPU, small shapes, no graphs
 """
 

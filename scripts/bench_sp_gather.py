@@ -20,8 +20,8 @@ barrier before each of --trials replays, median per rank, max over ranks.
 
 World size comes from the launcher: under torchrun (WORLD_SIZE/RANK/LOCAL_RANK set) each
 process is one rank; otherwise the script spawns --world-size ranks (default: all GPUs).
-    python scripts/bench_sp_gather.py --out results/sp_gather
-    torchrun --nproc-per-node 8 scripts/bench_sp_gather.py --out results/sp_gather
+    python scripts/bench_sp_gather.py --out /tmp/sp_gather
+    torchrun --nproc-per-node 8 scripts/bench_sp_gather.py --out /tmp/sp_gather
     python scripts/bench_sp_gather.py --dry-run      # CPU, gloo, small shapes, eager timing
 """
 

@@ -14,7 +14,7 @@ rows for T = 1024, 2048 rows for T = 4096):
 Correctness first: bit-exact vs torch.add into NaN-poisoned outputs, eagerly and from a
 graph captured on a side stream. Timing: one CUDA graph of --iters calls per path,
 --nsets input sets rotated (working set > L2), 2 warm-ups, median of --trials replays.
-    python scripts/bench_strided_add.py --out results/strided_add
+    python scripts/bench_strided_add.py --out /tmp/strided_add
 """
 
 from __future__ import annotations

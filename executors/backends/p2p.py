@@ -1,7 +1,7 @@
 """The "p2p" all_gather backend: pushes over NVLink into symmetric-memory output buffers.
 
 NCCL's ring all-gather moves 117 MB per rank at TP2 in ~550 us on an H200 pair, 1.7x the
-time of a plain peer copy (results/sp_gather/). Within one host every GPU can map its
+time of a plain peer copy (results/sp_gather_tp2.md). Within one host every GPU can map its
 peers' memory, so the gather can be done the way a peer copy is: each rank pushes its
 shard straight into slot `rank` of every peer's output buffer (cudaMemcpyAsync, i.e. a
 copy engine, for large shards; an SM kernel for small ones), copies it into its own slot
@@ -39,7 +39,7 @@ from .registry import register
 __all__ = ["P2PGather", "p2p_supports"]
 
 _TIMEOUT_MS = int(os.environ.get("PLANNER_P2P_TIMEOUT_MS", "60000"))
-# Measured on an H200 pair, 2026-11-30 (results/sp_gather/2026-11-30_h200x2_p2p_copy_modes.md), SP
+# Measured on an H200 pair, 2026-11-30 (results/sp_gather_tp2.md, decision log), SP
 # tail gather per forward incl. the packing cat, us (NCCL / p2p copy-engine / p2p SM copies):
 #   T=8 (0.2 MB/shard) 9.7 / 17.8 / 9.6    T=128 (3.7 MB) 35.9 / 28.9 / 21.2
 #   T=1024 (29 MB) 155.2 / 114.9 / 114.0   T=4096 (117 MB) 542.7 / 383.9 / 436.7

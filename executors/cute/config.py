@@ -278,9 +278,9 @@ def configs_for(m: int, n: int, k: int, kind: str | None = None) -> list[Config]
 
 
 # Default table (per kind, per M bucket), updated from the H200 sweep in
-# results/kda_kernels/. Values are (m <= bound) -> config parameters.
+# results/kda_kernels.md. Values are (m <= bound) -> config parameters.
 _DEFAULTS: dict[str, list[tuple[int, dict]]] = {
-    # H200 sweeps 2026-11-30 (results/kda_kernels/2026-11-30_h200_run*.*)
+    # H200 sweeps 2026-11-30 (results/kda_kernels.md, results/data/kda_kernels/)
     "split_n": [  # F_A/beta [M,7168]x[144,7168]^T
         (4, dict(rows=1, vec=2)),
         (16, dict(rows=2, vec=4)),
