@@ -19,10 +19,12 @@ import time
 
 import torch
 
+from planner.expr import unparse
 from planner.predicates import Facts
 
-from .dims import shape_fn
-from .dtypes import torch_dtype
+from .dims import DimError, shape_fn
+from .dtypes import TORCH_DTYPES, torch_dtype
+from .errors import InputError
 from .gating import GateTensors, is_capturing
 from .streams import MAIN, side_stream
 
@@ -67,6 +69,8 @@ class Executor:
             major, minor = torch.cuda.get_device_capability(device)
             self.cc = major * 10 + minor
         self.backends = {s.id: s.backend for s in steps}
+        self._checks = _input_checks(cp.plan, device)
+        self._op = self._op_out = None  # torch custom ops, registered on first use (executors.custom_op)
 
     # ------------------------------------------------------------ facts and variants
 
@@ -92,11 +96,43 @@ class Executor:
 
     # ------------------------------------------------------------ the call
 
-    def __call__(self, dims: dict | None = None, _facts: Facts | None = None, **inputs):
-        if len(inputs) != len(self._inputs) or any(n not in inputs for n in self._inputs):
-            missing = [n for n in self._inputs if n not in inputs]
-            extra = [n for n in inputs if n not in self._inputs]
-            raise TypeError(f"plan '{self.plan.name}' takes inputs {self._inputs}; missing {missing}, unexpected {extra}")
+    def __call__(self, dims: dict | None = None, _facts: Facts | None = None, out: dict | None = None, **inputs):
+        if torch.compiler.is_compiling():
+            # under Dynamo the call is one opaque custom op (executors.custom_op): streams, events
+            # and gates run inside it at run time, the fake kernel gives the traced shapes
+            from .custom_op import compiled_call
+            return compiled_call(self, inputs, dims, out)
+        self.check_inputs(inputs, dims)
+        if out is not None:
+            from .custom_op import write_outputs
+            return write_outputs(self, self._run(inputs, dims, _facts), out)
+        return self._run(inputs, dims, _facts)
+
+    def check_inputs(self, inputs: dict, dims: dict | None = None) -> dict:
+        """Check a call's inputs against the plan (names, types, dtypes, devices, ranks, declared
+        contiguity, sizes in the declared dims); returns the dim bindings. Raises InputError naming
+        the input and what the plan expects; nothing has run and the executor stays usable."""
+        checks = self._checks
+        if len(inputs) != len(checks) or any(n not in inputs for n in checks):
+            missing = [n for n in checks if n not in inputs]
+            extra = [n for n in inputs if n not in checks]
+            raise InputError(f"plan '{self.plan.name}' takes inputs {list(checks)}; missing {missing}, unexpected {extra}")
+        for name, (dt, dev, nd, contig, what) in checks.items():
+            t = inputs[name]
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"plan '{self.plan.name}': input '{name}' must be a tensor {what}, got {type(t).__name__}")
+            if t.dtype != dt or t.device != dev or t.dim() != nd or (contig and not t.is_contiguous()):
+                raise InputError(f"plan '{self.plan.name}': input '{name}' must be {what}; got {_describe(t)}")
+        if dims:
+            bad = [d for d in dims if d not in self.plan.dims]
+            if bad:
+                raise InputError(f"plan '{self.plan.name}': dims= names {bad} but the plan's dims are {sorted(self.plan.dims)}")
+        try:
+            return self._solver.solve(inputs, dims)
+        except DimError as exc:
+            raise InputError(f"plan '{self.plan.name}': {exc}") from None
+
+    def _run(self, inputs: dict, dims: dict | None = None, _facts: Facts | None = None) -> dict:
         env = dict(self._weights)
         env.update(inputs)
         facts = _facts or self.facts(inputs, dims, env)
@@ -250,3 +286,21 @@ class Executor:
                 out.append({"stream": st.stream, "op": st.id, "kind": st.kind,
                             "start_us": (t0 - base) * 1e6, "end_us": (t1 - base) * 1e6})
         return out
+
+
+def _input_checks(plan, device) -> dict:
+    """{input: (dtype, device, rank, contiguous declared, description)}, made once at build."""
+    out = {}
+    for name in plan.inputs:
+        spec = plan.tensors[name]
+        contig = bool(spec.meta.get("contiguous"))
+        dims = ", ".join(str(d) if isinstance(d, int) else unparse(d) for d in spec.shape)
+        what = f"{spec.dtype}[{dims}]{' contiguous' if contig else ''} on {device}"
+        out[name] = (torch_dtype(spec.dtype), device, len(spec.shape), contig, what)
+    return out
+
+
+def _describe(t) -> str:
+    rev = {v: k for k, v in TORCH_DTYPES.items()}
+    contig = "" if t.is_contiguous() else " non-contiguous"
+    return f"{rev.get(t.dtype, t.dtype)}{list(t.shape)}{contig} on {t.device}"

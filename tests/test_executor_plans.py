@@ -10,6 +10,7 @@ import torch
 
 from executors import BuildError, build_executor
 from executors.dims import DimError, DimSolver
+from executors.errors import InputError
 from executors.tools.check import compile_for_run, make_data, reference_compiled, run_check
 from executors.tools.externs import default_externs
 from planner.lang.loader import load_plan
@@ -124,7 +125,7 @@ def test_build_errors_are_clear():
     with pytest.raises(BuildError, match="weight 'w_fb' has shape"):
         build_executor(cp, {**w, "w_fb": w["w_fb"][:5]}, device="cpu")
     ex = build_executor(cp, w, device="cpu")
-    with pytest.raises(TypeError, match="missing \\['x'\\]"):
+    with pytest.raises(InputError, match="missing \\['x'\\]"):
         ex(y=torch.zeros(1))
     with pytest.raises(DimError, match="outside the plan's range 1..16"):
         ex(x=torch.zeros(17, 7168, dtype=torch.bfloat16))

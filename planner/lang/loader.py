@@ -225,7 +225,11 @@ def _tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> Te
         if any(v < 0 for v in probes.values(d)):
             raise PlanError.at(vloc.shift(it.pos), "shape", f"dim '{unparse(it)}' of '{name}' can be negative")
         dims_out.append(d)
-    return TensorSpec(name, tuple(dims_out), dtype, kind=kind, contiguous=bool(spec.get("contiguous", True)))
+    # meta["contiguous"]: declared (the executor then checks it at the call); unset, contiguity is
+    # assumed for planning but not required of a caller's tensor
+    meta = {"contiguous": True} if spec.get("contiguous") else {}
+    return TensorSpec(name, tuple(dims_out), dtype, kind=kind, contiguous=bool(spec.get("contiguous", True)),
+                      meta=meta)
 
 
 def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander: Expander):
