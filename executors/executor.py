@@ -22,6 +22,7 @@ import torch
 from planner.expr import unparse
 from planner.predicates import Facts
 
+from .custom_op import check_out, compiled_call, write_outputs
 from .dims import DimError, shape_fn
 from .dtypes import TORCH_DTYPES, torch_dtype
 from .errors import InputError
@@ -70,7 +71,9 @@ class Executor:
             self.cc = major * 10 + minor
         self.backends = {s.id: s.backend for s in steps}
         self._checks = _input_checks(cp.plan, device)
-        self._op = self._op_out = None  # torch custom ops, registered on first use (executors.custom_op)
+        # the torch custom ops of this executor (executors.custom_op.register_ops, from build_executor)
+        self._op = self._op_out = self._op_spec = None
+        self.op_layout_copies = 0
 
     # ------------------------------------------------------------ facts and variants
 
@@ -100,11 +103,10 @@ class Executor:
         if torch.compiler.is_compiling():
             # under Dynamo the call is one opaque custom op (executors.custom_op): streams, events
             # and gates run inside it at run time, the fake kernel gives the traced shapes
-            from .custom_op import compiled_call
             return compiled_call(self, inputs, dims, out)
-        self.check_inputs(inputs, dims)
+        b = self.check_inputs(inputs, dims)
         if out is not None:
-            from .custom_op import write_outputs
+            check_out(self, out, b)
             return write_outputs(self, self._run(inputs, dims, _facts), out)
         return self._run(inputs, dims, _facts)
 
@@ -132,7 +134,7 @@ class Executor:
         except DimError as exc:
             raise InputError(f"plan '{self.plan.name}': {exc}") from None
 
-    def _run(self, inputs: dict, dims: dict | None = None, _facts: Facts | None = None) -> dict:
+    def _run(self, inputs: dict, dims: dict | None = None, _facts: Facts | None = None, keep=()) -> dict:
         env = dict(self._weights)
         env.update(inputs)
         facts = _facts or self.facts(inputs, dims, env)
@@ -214,7 +216,11 @@ class Executor:
         self.last_facts = facts
         if tracing:
             self.last_trace = self._trace_records(recs)
-        return {n: env[n] for n in self._outputs}
+        res = {n: env[n] for n in self._outputs}
+        for n in keep:  # buffers the custom op returns (executors.custom_op), when this call made them
+            if n in env:
+                res[n] = env[n]
+        return res
 
     # ------------------------------------------------------------ helpers of the call
 

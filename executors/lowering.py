@@ -12,6 +12,7 @@ import networkx as nx
 import torch
 
 from .backends import lookup
+from .custom_op import register_ops
 from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_hash
 from .dims import DimSolver, dim_fn
 from .dtypes import torch_dtype
@@ -144,6 +145,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     # one-launch gemm -> slice -> gemm
     fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs, ex.prepacked_bytes if prepack else None)
     ex.backends = {s.id: s.backend for s in steps}
+    ex._op, ex._op_out, ex._op_spec = register_ops(ex)  # the torch.compile entry (executors.custom_op)
     return ex
 
 

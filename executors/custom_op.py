@@ -1,0 +1,381 @@
+"""A built Executor as torch custom ops, so torch.compile traces a call as one opaque node.
+
+build_executor registers two ops per executor in the `planner` namespace (one Library):
+
+    planner::<plan>_<n>(Tensor <input>, ..., SymInt? <dim>=None, ...) -> Tensor[]
+    planner::<plan>_<n>_out(Tensor <input>, ..., SymInt? <dim>=None, ..., Tensor(a0!) <output>, ...) -> ()
+
+User code does not change: `ex(x=...)` checks torch.compiler.is_compiling() and, while Dynamo
+traces, calls the op instead of walking the schedule (Executor.__call__). What the op takes:
+the plan's inputs (in plan order) and, optionally, each plan dim as a SymInt (the `dims=` of a
+call; a dim derived only through ceil_div and the like must be passed, as in eager). Weights
+are not arguments: the op closes over its executor (a weak reference), so Dynamo guards on
+the executor object once, not on weight tensors, and loading new weights in place
+(Executor.load_weights) needs no recompile.
+
+The fake (meta) kernel evaluates the plan's output shape expressions on the inputs' SymInt
+sizes and returns tensors with the layout a run gives: each output has the strides of the
+buffer it is a view of (the fallback variant's; mixed_qkv of the KDA plan is a column view of
+the [num_tokens, 6288] packed projection). A run whose variant made another layout (the
+two-branch KDA variant, taken only when tuned to) copies that output into the declared layout;
+ex.op_layout_copies counts those copies. Outputs never alias inputs or weights (such an output
+is cloned); several outputs may be disjoint views of one buffer (no output overlaps another).
+
+Run-time behaviour stays in the body: streams, events, gates (which read the real capture
+state, torch.cuda.is_current_stream_capturing(), when the op runs, not Dynamo's trace) and the
+input check of Executor.check_inputs (the fake kernel checks dtype, device, rank and declared
+contiguity at trace time; sizes are checked when the op runs). Side-stream work is joined to
+the caller's current stream before the op returns.
+
+Capture: inside torch.cuda.graph, under mode="reduce-overhead" and in a piecewise layout the
+op is safe when (1) the executor was called once outside capture with the same variant set
+(warm-up: cuBLAS handles, kernel compiles and the side streams' first use happen there) and
+(2) capture_error_mode is "global" or "thread_local" (the default "global" is what
+torch.cuda.graph and vLLM use). Under "relaxed" nothing changes. Not safe: calling the op
+with inputs on another device than the executor's, or from two threads that capture at once
+on the same executor (the side streams and events are per executor).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import weakref
+
+import torch
+
+from planner.expr import Bin, Call, Name, Num, Unary, fold, parse
+
+from .dims import shape_fn
+from .dtypes import torch_dtype
+from .errors import InputError
+
+__all__ = ["register_ops", "compiled_call", "check_out", "write_outputs", "sym_eval"]
+
+_LIB: torch.library.Library | None = None
+_COUNT = itertools.count()
+
+
+def _lib() -> torch.library.Library:
+    global _LIB
+    if _LIB is None:
+        _LIB = torch.library.Library("planner", "FRAGMENT")
+    return _LIB
+
+
+def _ident(s: str, taken: set) -> str:
+    out = re.sub(r"\W", "_", s)
+    if not out or out[0].isdigit():
+        out = "_" + out
+    while out in taken:
+        out += "_"
+    taken.add(out)
+    return out
+
+
+# ------------------------------------------------------------------ shapes on SymInts
+
+def sym_eval(e, b: dict):
+    """A plan dim expression on ints or SymInts (planner.expr.eval_int insists on ints)."""
+    if isinstance(e, int):
+        return e
+    if isinstance(e, Num):
+        return e.value
+    if isinstance(e, Name):
+        return b[e.id]
+    if isinstance(e, Unary) and e.op == "-":
+        return -sym_eval(e.x, b)
+    if isinstance(e, Bin):
+        x, y = sym_eval(e.l, b), sym_eval(e.r, b)
+        if e.op == "+":
+            return x + y
+        if e.op == "-":
+            return x - y
+        if e.op == "*":
+            return x * y
+        if e.op in ("//", "/"):
+            return x // y
+        if e.op == "%":
+            return x % y
+    if isinstance(e, Call):
+        a = [sym_eval(x, b) for x in e.args]
+        if e.fn == "ceil_div":
+            return (a[0] + a[1] - 1) // a[1]
+        if e.fn == "round_up":
+            return (a[0] + a[1] - 1) // a[1] * a[1]
+        if e.fn == "min":
+            return _fold(torch.sym_min, a)
+        if e.fn == "max":
+            return _fold(torch.sym_max, a)
+    raise InputError(f"dim expression {e!r} cannot be evaluated on symbolic sizes")
+
+
+def _fold(fn, a):
+    v = a[0]
+    for x in a[1:]:
+        v = fn(v, x)
+    return v
+
+
+def _contig_strides(shape) -> tuple:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc = acc * d
+    return tuple(reversed(out))
+
+
+def _expr(v, params):
+    if isinstance(v, int):
+        return v
+    return fold(parse(v) if isinstance(v, str) else v, params)
+
+
+def _view_chain(cp, name: str):
+    """(root buffer, [view steps from the root to `name`]): follow split/slice/view ops, and
+    through a region's select the fallback (last) variant's tensor. A step is
+    ("narrow", dim, [offset terms], length) or ("view", shape)."""
+    g, params = cp.graph, cp.plan.params
+    steps = []
+    for _ in range(256):
+        spec = cp.tensors[name]
+        p = spec.producer
+        op = g.nodes[p]["op"] if p is not None and p in g else None
+        if op is None or spec.kind in ("input", "weight"):
+            break
+        if op.op == "select":
+            name = op.choices[-1]
+            continue
+        if op.op == "split":
+            src = cp.tensors[op.x]
+            d = op.dim % len(src.shape)
+            i = op.out.index(name)
+            offs = [cp.tensors[o].shape[d] for o in op.out[:i]]
+            steps.append(("narrow", d, offs, spec.shape[d]))
+            name = op.x
+            continue
+        if op.op == "slice":
+            src = cp.tensors[op.x]
+            d = op.dim % len(src.shape)
+            steps.append(("narrow", d, [_expr(op.start, params)], spec.shape[d]))
+            name = op.x
+            continue
+        if op.op == "view":
+            steps.append(("view", spec.shape))
+            name = op.x
+            continue
+        break
+    return name, steps[::-1]
+
+
+class _OpSpec:
+    """What the op needs of its executor, computed once at registration.
+
+    The functional op returns one tensor per distinct buffer the outputs are views of (its
+    `roots`, each contiguous at its plan shape); the caller's side (compiled_call) takes the
+    views, so no two returned tensors alias and the views cost nothing in the compiled graph."""
+
+    def __init__(self, ex):
+        cp, plan = ex.compiled, ex.plan
+        self.inputs = list(plan.inputs)
+        self.dims = list(plan.dims)
+        self.outputs = list(plan.outputs)
+        self.out_dtype = {o: torch_dtype(cp.tensors[o].dtype) for o in self.outputs}
+        self.roots: list[str] = []
+        self.chain: dict[str, tuple[int, list]] = {}  # output -> (root index, view steps)
+        for o in self.outputs:
+            r, steps = _view_chain(cp, o)
+            if cp.tensors[r].kind in ("input", "weight"):
+                r, steps = o, []  # a view of an argument or a weight: returned as a copy
+            if r not in self.roots:
+                self.roots.append(r)
+            self.chain[o] = (self.roots.index(r), steps)
+        self.copy_roots = {r for r in self.roots if cp.tensors[r].kind in ("input", "weight") or r in plan.inputs}
+        self.root_shape = [cp.tensors[r].shape for r in self.roots]
+        self.root_dtype = [torch_dtype(cp.tensors[r].dtype) for r in self.roots]
+        self._root_fns = [shape_fn(sh, plan.params) for sh in self.root_shape]
+        self.out_shape = {o: cp.tensors[o].shape for o in self.outputs}
+        # input axes that are a bare dim name: how a traced call binds a dim not passed
+        self.direct = {}
+        for n in self.inputs:
+            for ax, d in enumerate(plan.tensors[n].shape):
+                if isinstance(d, Name) and d.id in plan.dims:
+                    self.direct.setdefault(d.id, (n, ax))
+
+    def views(self, roots: list, b: dict) -> dict:
+        """{output: view of its root} at bindings b (ints or SymInts)."""
+        out = {}
+        for o in self.outputs:
+            i, steps = self.chain[o]
+            t = roots[i]
+            if t is None:  # a partial list: outputs of the given roots only
+                continue
+            for st in steps:
+                if st[0] == "narrow":
+                    _, d, offs, length = st
+                    t = t.narrow(d, sum(sym_eval(x, b) for x in offs), sym_eval(length, b))
+                else:
+                    t = t.view(tuple(sym_eval(x, b) for x in st[1]))
+            out[o] = t
+        return out
+
+    def root_layout(self, i: int, b: dict, sym: bool):
+        shape = tuple(sym_eval(d, b) for d in self.root_shape[i]) if sym else self._root_fns[i](b)
+        return shape, _contig_strides(shape)
+
+
+def _schema(ex, spec: _OpSpec):
+    taken: set = set()
+    ins = [_ident(n, taken) for n in spec.inputs]
+    dims = [_ident(d, taken) for d in spec.dims]
+    outs = [_ident(o, taken) for o in spec.outputs]
+    args = [f"Tensor {n}" for n in ins] + [f"SymInt? {d}=None" for d in dims]
+    fn = f"({', '.join(args)}) -> Tensor[]"  # one per root buffer (_OpSpec)
+    mut = ", ".join([f"Tensor {n}" for n in ins] + [f"SymInt? {d}" for d in dims]
+                    + [f"Tensor(a{i}!) {o}" for i, o in enumerate(outs)])
+    return fn, f"({mut}) -> ()"
+
+
+def register_ops(ex):
+    """Define and implement planner::<plan>_<n> and its _out form for `ex`; returns the two
+    OpOverloads. Called by build_executor (registration inside a Dynamo trace is not allowed)."""
+    spec = _OpSpec(ex)
+    base = re.sub(r"\W", "_", ex.plan.name) + f"_{next(_COUNT)}"
+    fn_schema, out_schema = _schema(ex, spec)
+    lib = _lib()
+    lib.define(base + fn_schema)
+    lib.define(base + "_out" + out_schema)
+    ref = weakref.ref(ex)
+    n_in, n_d = len(spec.inputs), len(spec.dims)
+
+    def split(args):
+        args = tuple(args) + (None,) * (n_in + n_d - len(args))  # trailing defaults may be dropped
+        inputs = dict(zip(spec.inputs, args[:n_in], strict=True))
+        dims = {d: int(v) for d, v in zip(spec.dims, args[n_in:n_in + n_d], strict=True) if v is not None}
+        return inputs, (dims or None)
+
+    def executor():
+        e = ref()
+        if e is None:
+            raise RuntimeError(f"planner::{base}: its executor was garbage-collected; keep a reference to it")
+        return e
+
+    def impl(*args):
+        e = executor()
+        inputs, dims = split(args)
+        b = e.check_inputs(inputs, dims)
+        env = e._run(inputs, dims, keep=spec.roots)
+        outs = []
+        for i, r in enumerate(spec.roots):
+            t = env.get(r)
+            shape, strides = spec.root_layout(i, b, False)
+            if (t is None or r in spec.copy_roots or not _same_layout(t, shape, strides)
+                    or not _views_match(spec, i, t, env, b)):
+                # another variant ran (or the buffer is not laid out as declared): the root in the
+                # declared layout, each output copied into its view of it
+                t = torch.empty_strided(shape, strides, dtype=spec.root_dtype[i], device=e.device)
+                for o, v in spec.views([t if j == i else None for j in range(len(spec.roots))], b).items():
+                    v.copy_(env[o])
+                e.op_layout_copies += 1
+            outs.append(t)
+        return outs
+
+    def fake(*args):
+        e = executor()
+        inputs, dims = split(args)
+        b = bindings(e, spec, inputs, dims, fake=True)
+        return [torch.empty_strided(*spec.root_layout(i, b, True), dtype=spec.root_dtype[i], device=e.device)
+                for i in range(len(spec.roots))]
+
+    def impl_out(*args):
+        e = executor()
+        inputs, dims = split(args)
+        b = e.check_inputs(inputs, dims)
+        out = dict(zip(spec.outputs, args[n_in + n_d:], strict=True))
+        check_out(e, out, b)
+        write_outputs(e, e._run(inputs, dims), out)
+
+    def fake_out(*args):
+        e = executor()
+        inputs, dims = split(args)
+        bindings(e, spec, inputs, dims, fake=True)
+
+    lib.impl(base, impl, "CompositeExplicitAutograd")
+    lib.impl(base + "_out", impl_out, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"planner::{base}", fake, lib=lib)
+    torch.library.register_fake(f"planner::{base}_out", fake_out, lib=lib)
+    pkt = getattr(torch.ops.planner, base)
+    pkt_out = getattr(torch.ops.planner, base + "_out")
+    return pkt.default, pkt_out.default, spec
+
+
+def _same_layout(t, shape, strides) -> bool:
+    if tuple(t.shape) != tuple(shape):
+        return False
+    return all(s == w for s, w, n in zip(t.stride(), strides, shape, strict=True) if n > 1)
+
+
+def _views_match(spec: _OpSpec, i: int, root, env: dict, b: dict) -> bool:
+    """Every output of root i is the view of `root` the traced code will take."""
+    for o, v in spec.views([root if j == i else None for j in range(len(spec.roots))], b).items():
+        t = env[o]
+        if t.data_ptr() != v.data_ptr() or not _same_layout(t, v.shape, v.stride()):
+            return False
+    return True
+
+
+def bindings(ex, spec: _OpSpec, inputs: dict, dims: dict | None, fake: bool = False) -> dict:
+    """The dim bindings of a traced call (SymInts): dims= first, else a bare-dim input axis.
+    With fake, also the trace-time input check (dtype, device, rank, declared contiguity)."""
+    if fake:
+        for name, (dt, dev, nd, contig, what) in ex._checks.items():
+            t = inputs[name]
+            if t.dtype != dt or t.device != dev or t.dim() != nd or (contig and not t.is_contiguous()):
+                raise InputError(f"plan '{ex.plan.name}': input '{name}' must be {what}; got "
+                                 f"{t.dtype}{list(t.shape)} on {t.device}")
+    b = {k: v for k, v in (dims or {}).items() if v is not None}
+    for d in spec.dims:
+        if d in b:
+            continue
+        if d not in spec.direct:
+            raise InputError(f"plan '{ex.plan.name}': dim '{d}' is derived in every input shape; pass "
+                             f"dims={{'{d}': N}} to the call (a SymInt under torch.compile)")
+        n, ax = spec.direct[d]
+        b[d] = inputs[n].shape[ax]
+    return b
+
+
+def compiled_call(ex, inputs: dict, dims: dict | None, out: dict | None):
+    """What Executor.__call__ does under Dynamo: one op call, outputs as a dict."""
+    spec = ex._op_spec
+    if len(inputs) != len(spec.inputs) or any(n not in inputs for n in spec.inputs):
+        raise InputError(f"plan '{ex.plan.name}' takes inputs {spec.inputs}; got {sorted(inputs)}")
+    args = [inputs[n] for n in spec.inputs]
+    dv = [None if dims is None else dims.get(d) for d in spec.dims]
+    if out is not None:
+        ex._op_out(*args, *dv, *[out[o] for o in spec.outputs])
+        return out
+    roots = ex._op(*args, *dv)
+    return spec.views(list(roots), bindings(ex, spec, inputs, dims))
+
+
+def check_out(ex, out, b: dict):
+    """The out= tensors of a call at bindings b: every output named, its shape, dtype and device."""
+    spec = ex._op_spec or _OpSpec(ex)
+    if not isinstance(out, dict) or set(out) != set(spec.outputs):
+        got = sorted(out) if isinstance(out, dict) else type(out).__name__
+        raise InputError(f"plan '{ex.plan.name}': out= must be a dict naming the outputs {spec.outputs}; got {got}")
+    for o in spec.outputs:
+        dst, shape = out[o], tuple(sym_eval(d, b) for d in spec.out_shape[o])
+        if (not isinstance(dst, torch.Tensor) or tuple(dst.shape) != tuple(shape) or dst.dtype != spec.out_dtype[o]
+                or dst.device != ex.device):
+            got = f"{dst.dtype}{list(dst.shape)} on {dst.device}" if isinstance(dst, torch.Tensor) else type(dst).__name__
+            raise InputError(f"plan '{ex.plan.name}': out['{o}'] must be {spec.out_dtype[o]}{list(shape)} on"
+                             f" {ex.device}; got {got}")
+
+
+def write_outputs(ex, res: dict, out: dict) -> dict:
+    """The out= form: copy each output into the caller's tensor (checked by check_out)."""
+    for name, t in res.items():
+        out[name].copy_(t)
+    return out
