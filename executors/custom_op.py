@@ -47,12 +47,13 @@ import torch
 from planner.expr import Bin, Call, Name, Num, Unary, fold, parse
 
 from .dims import shape_fn
-from .dtypes import torch_dtype
+from .dtypes import TORCH_DTYPES, torch_dtype
 from .errors import InputError
 
-__all__ = ["register_ops", "compiled_call", "check_out", "write_outputs", "sym_eval"]
+__all__ = ["register_ops", "compiled_call", "check_out", "write_outputs", "sym_eval", "describe"]
 
 _LIB: torch.library.Library | None = None
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 _COUNT = itertools.count()
 
 
@@ -248,10 +249,11 @@ def register_ops(ex):
     ref = weakref.ref(ex)
     n_in, n_d = len(spec.inputs), len(spec.dims)
 
-    def split(args):
+    def split(args, concrete=True):
         args = tuple(args) + (None,) * (n_in + n_d - len(args))  # trailing defaults may be dropped
         inputs = dict(zip(spec.inputs, args[:n_in], strict=True))
-        dims = {d: int(v) for d, v in zip(spec.dims, args[n_in:n_in + n_d], strict=True) if v is not None}
+        dims = {d: (int(v) if concrete else v) for d, v in zip(spec.dims, args[n_in:n_in + n_d], strict=True)
+                if v is not None}
         return inputs, (dims or None)
 
     def executor():
@@ -282,7 +284,7 @@ def register_ops(ex):
 
     def fake(*args):
         e = executor()
-        inputs, dims = split(args)
+        inputs, dims = split(args, False)
         b = bindings(e, spec, inputs, dims, fake=True)
         return [torch.empty_strided(*spec.root_layout(i, b, True), dtype=spec.root_dtype[i], device=e.device)
                 for i in range(len(spec.roots))]
@@ -297,7 +299,7 @@ def register_ops(ex):
 
     def fake_out(*args):
         e = executor()
-        inputs, dims = split(args)
+        inputs, dims = split(args, False)
         bindings(e, spec, inputs, dims, fake=True)
 
     lib.impl(base, impl, "CompositeExplicitAutograd")
@@ -307,6 +309,12 @@ def register_ops(ex):
     pkt = getattr(torch.ops.planner, base)
     pkt_out = getattr(torch.ops.planner, base + "_out")
     return pkt.default, pkt_out.default, spec
+
+
+def describe(t) -> str:
+    """bf16[2, 256] non-contiguous on cpu: a tensor as the input check names it."""
+    contig = "" if t.is_contiguous() else " non-contiguous"
+    return f"{_DTYPE_NAMES.get(t.dtype, t.dtype)}{list(t.shape)}{contig} on {t.device}"
 
 
 def _same_layout(t, shape, strides) -> bool:
@@ -331,8 +339,7 @@ def bindings(ex, spec: _OpSpec, inputs: dict, dims: dict | None, fake: bool = Fa
         for name, (dt, dev, nd, contig, what) in ex._checks.items():
             t = inputs[name]
             if t.dtype != dt or t.device != dev or t.dim() != nd or (contig and not t.is_contiguous()):
-                raise InputError(f"plan '{ex.plan.name}': input '{name}' must be {what}; got "
-                                 f"{t.dtype}{list(t.shape)} on {t.device}")
+                raise InputError(f"plan '{ex.plan.name}': input '{name}' must be {what}; got {describe(t)}")
     b = {k: v for k, v in (dims or {}).items() if v is not None}
     for d in spec.dims:
         if d in b:

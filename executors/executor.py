@@ -22,9 +22,9 @@ import torch
 from planner.expr import unparse
 from planner.predicates import Facts
 
-from .custom_op import check_out, compiled_call, write_outputs
+from .custom_op import check_out, compiled_call, describe, write_outputs
 from .dims import DimError, shape_fn
-from .dtypes import TORCH_DTYPES, torch_dtype
+from .dtypes import torch_dtype
 from .errors import InputError
 from .gating import GateTensors, is_capturing
 from .streams import MAIN, side_stream
@@ -124,7 +124,7 @@ class Executor:
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"plan '{self.plan.name}': input '{name}' must be a tensor {what}, got {type(t).__name__}")
             if t.dtype != dt or t.device != dev or t.dim() != nd or (contig and not t.is_contiguous()):
-                raise InputError(f"plan '{self.plan.name}': input '{name}' must be {what}; got {_describe(t)}")
+                raise InputError(f"plan '{self.plan.name}': input '{name}' must be {what}; got {describe(t)}")
         if dims:
             bad = [d for d in dims if d not in self.plan.dims]
             if bad:
@@ -304,9 +304,3 @@ def _input_checks(plan, device) -> dict:
         what = f"{spec.dtype}[{dims}]{' contiguous' if contig else ''} on {device}"
         out[name] = (torch_dtype(spec.dtype), device, len(spec.shape), contig, what)
     return out
-
-
-def _describe(t) -> str:
-    rev = {v: k for k, v in TORCH_DTYPES.items()}
-    contig = "" if t.is_contiguous() else " non-contiguous"
-    return f"{rev.get(t.dtype, t.dtype)}{list(t.shape)}{contig} on {t.device}"
