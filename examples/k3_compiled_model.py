@@ -19,7 +19,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent

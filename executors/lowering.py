@@ -12,8 +12,8 @@ import networkx as nx
 import torch
 
 from .backends import lookup
-from .custom_op import register_ops
 from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_hash
+from .custom_op import register_ops
 from .dims import DimSolver, dim_fn
 from .dtypes import torch_dtype
 from .errors import BuildError
@@ -21,7 +21,7 @@ from .executor import Executor, Step
 from .gating import compile_regions
 from .gemm_chain import fuse_gemm_chains
 from .streams import MAIN
-from .tuning import apply_tuning
+from .tuning import gemm_table, resolve_tuning, tuned_gemm
 
 __all__ = ["build_executor", "Executor", "BuildError", "default_schedule"]
 
@@ -86,7 +86,10 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     externs: {extern fn name: callable(*tensors) -> tensor}; every extern the plan uses must be bound
       (executors.tools.externs.default_externs gives deterministic stand-ins for test runs).
     backend_prefs: backend priority for ops with backend 'auto' (default: cute, p2p, torch; flashinfer on request).
-    tuning: {name: int} or a JSON file overriding plan.tuned (the limits gates read as tuned.NAME).
+    tuning: a tuning file (planner.tuning format) or its dict: limits for the gates (tuned.NAME)
+      and measured gemm backends per M, lowered into the steps here; {name: int}: limits only;
+      {}: none; None: the shipped tuning matching this device and plan (planner/tuned/), else the
+      plan's defaults. ex.tuning_source says which applied.
     agree: all-gather the plan hash before anything runs when the plan has collectives.
     prepack: a fused gemm chain (the KDA packed projection) may keep its first weight a second
       time in the mma-fragment layout of the swapped-role kernel; the bytes are in
@@ -113,20 +116,10 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if unbound:
         raise BuildError(f"plan '{plan.name}' calls extern(s) {unbound} but externs= binds {sorted(externs)};"
                          " pass callables for them (executors.tools.externs.default_externs(plan) gives test stand-ins)")
-    tuned = dict(plan.tuned)
-    if isinstance(tuning, str):
-        import json
-        with open(tuning) as f:
-            tuning = json.load(f)
-    tuning_file = tuning if isinstance(tuning, dict) and "limits" in tuning else None
-    if tuning_file is not None:  # the `planner tune` file: {"limits", "backends", "measured", ...}
-        tuning = {k: v for k, v in tuning_file["limits"].items() if k in tuned}
-    for k, v in (tuning or {}).items():
-        if k not in tuned:
-            raise BuildError(f"tuning sets '{k}' but the plan declares tuned limits {sorted(tuned)}")
-        tuned[k] = int(v)
+    tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
+    tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
     bctx = _BuildCtx(cp, device, comms, externs)
-    steps = _lower_steps(cp, bctx, device, backend_prefs)
+    steps = _lower_steps(cp, bctx, device, backend_prefs, gemm_table(tuning_data))
     events = {}
     if device.type == "cuda":
         with torch.cuda.device(device):
@@ -139,8 +132,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     dev_weights = {k: weights[k] for k in plan.weights}
     ex = Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
                   list(getattr(cp, "exit_waits", []) or []), trace)
-    if tuning_file is not None and tuning_file.get("backends"):
-        apply_tuning(ex, tuning_file)  # measured backend/config per gemm signature and M
+    ex.tuning_source = tuning_source  # which tuning applied (a file, planner/tuned/..., or none and why)
     ex.prepacked_bytes = {}
     # one-launch gemm -> slice -> gemm
     fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs, ex.prepacked_bytes if prepack else None)
@@ -149,7 +141,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     return ex
 
 
-def _lower_steps(cp, bctx, device, prefs) -> list[Step]:
+def _lower_steps(cp, bctx, device, prefs, table=None) -> list[Step]:
     g = cp.graph
     consumers: dict[str, set] = {}
     for v in cp.schedule:
@@ -192,6 +184,10 @@ def _lower_steps(cp, bctx, device, prefs) -> list[Step]:
             impl = lookup(op, specs, device.type, prefs)
             st.run = impl.make(op, bctx)
             st.backend = impl.backend
+            if op.op == "gemm" and table:  # measured backend per M (planner tune), chosen here once
+                got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run)
+                if got is not None:
+                    st.run, st.backend = got
         # streams that read what this op makes (through views too) + main, for record_stream
         rs = set()
         for n in op.out:

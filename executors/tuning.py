@@ -1,14 +1,33 @@
-"""Apply a tuning file's measured backends to the lowered gemm steps of an Executor."""
+"""Tuning at build time: which tuning applies (resolve_tuning) and the tuned gemm runners.
+
+build_executor resolves its `tuning=` argument once (a file, a full-format dict, a dict of
+limits, {} for none, or None: the shipped tuning that matches this device, planner/tuned/),
+and lowering builds each gemm step with its tuned runner (tuned_gemm): the backend choice is
+made once, from the registry and this table, and shows in ex.backends. apply_tuning re-lowers
+the gemm steps of an executor the tuner is measuring (executors.tools.tune refinements).
+"""
 
 from __future__ import annotations
 
+import json
+
+import torch
+
 from planner.expr import eval_int
-from planner.tuning import load_tuning, parse_signature
+from planner.tuning import (
+    ALL_KEYS,
+    check_limits,
+    gemm_shapes,
+    load_tuning,
+    match_tuning,
+    parse_signature,
+)
 
 from .backends.gemm import gemm_runner
 from .dtypes import torch_dtype
+from .errors import BuildError
 
-__all__ = ["apply_tuning", "static_int"]
+__all__ = ["apply_tuning", "static_int", "resolve_tuning", "gemm_table", "tuned_gemm", "device_key"]
 
 
 def static_int(d, params):
@@ -18,52 +37,111 @@ def static_int(d, params):
         return None
 
 
-def apply_tuning(ex, tuning) -> int:
-    """Rewire the gemm steps of a built Executor to the tuned backends; returns how many.
+def device_key(device) -> tuple[str, int | None, dict | None]:
+    """(device name, compute capability, {library: version}) a shipped tuning is matched on."""
+    if device.type != "cuda":
+        return device.type, None, None
+    major, minor = torch.cuda.get_device_capability(device)
+    return torch.cuda.get_device_name(device), major * 10 + minor, {"torch": torch.__version__}
 
-    Per step, entries whose signature matches the op's dtype, N and K are kept by M; a call
-    with M uses the entry of the smallest tuned M >= M (the bucket its graph was captured
-    at), else the step's previous runner. Steps of fused gemm chains are left alone."""
-    table = (load_tuning(tuning) if tuning is not None else {}).get("backends") or {}
-    if not table:
-        return 0
+
+def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
+    """(full-format tuning dict, source line) for build_executor's `tuning=`.
+
+    str: a tuning file (strict: unknown keys and undeclared limits are errors naming the file
+    and key); a dict with format keys: the same checks; a dict without: {limit: int}; {}: none;
+    None: the shipped tuning matching this device and plan, else none with a one-line note."""
+    plan = cp.plan
+    if tuning is None:
+        name, cc, versions = device_key(device)
+        data, source = match_tuning(name, plan.tuned, gemm_shapes(plan), cc, versions)
+        return (data or {}), source
+    where = "tuning="
+    if isinstance(tuning, str):
+        where = tuning
+        try:
+            with open(tuning) as f:
+                tuning = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise BuildError(f"cannot read tuning file {where}: {exc}") from None
+    if not isinstance(tuning, dict):
+        raise BuildError(f"tuning= must be a file path, a tuning dict or {{limit: int}}, got {type(tuning).__name__}")
+    if not tuning:
+        return {}, "none (tuning={}): plan defaults"
+    if where == "tuning=" and not any(k in ALL_KEYS for k in tuning):
+        for k in tuning:  # the in-code shorthand {limit: int}
+            if k not in plan.tuned:
+                raise BuildError(f"tuning sets '{k}' but the plan declares tuned limits {sorted(plan.tuned)}")
+        return {"limits": {k: int(v) for k, v in tuning.items()}}, "tuning= (limits " + ", ".join(
+            f"{k}={v}" for k, v in tuning.items()) + ")"
+    try:
+        data = check_limits(load_tuning(tuning) if where == "tuning=" else _validated(tuning, where),
+                            plan.tuned, where, plan.name)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+    return data, (where if where != "tuning=" else "tuning= (dict)")
+
+
+def _validated(data, where):
+    from planner.tuning import validate_tuning
+    return validate_tuning(data, where)
+
+
+def gemm_table(tuning: dict) -> dict:
+    """{(dtype, N, K): {M: backend entry}} of a tuning's "backends"."""
     by_shape: dict = {}
-    for sig, entry in table.items():
+    for sig, entry in (tuning.get("backends") or {}).items():
         p = parse_signature(sig)
         if p is None:
             continue
         dtype, m, n, k = p
         by_shape.setdefault((dtype, n, k), {})[m] = entry
-    params = ex.plan.params
-    g = ex.compiled.graph
+    return by_shape
+
+
+def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
+    """(runner, backend label) of a gemm op with tuned entries for its (dtype, N, K), or None.
+    A call with M uses the entry of the smallest tuned M >= M (the bucket its graph was
+    captured at); above every tuned M, `fallback` (the registry's choice) runs."""
+    if not table or getattr(op, "backend", "auto") not in (None, "auto"):
+        return None  # an explicitly named backend wins over tuning
+    n, k = static_int(w_spec.shape[0], params), static_int(w_spec.shape[1], params)
+    entries = table.get((a_spec.dtype, n, k))
+    if not entries or op.out_dtype not in (None, a_spec.dtype):
+        return None
+    dt = torch_dtype(op.out_dtype or a_spec.dtype)
+    runners = {m: gemm_runner(e["backend"], e.get("config"), dt) for m, e in entries.items()}
+    ms = sorted(runners)
+    maxm = ms[-1]
+    lut = [runners[next(x for x in ms if x >= mm)] for mm in range(maxm + 1)]
+
+    def run(ins, b, out, lut=lut, maxm=maxm, orig=fallback):
+        m = ins[0].shape[0]
+        if m > maxm:
+            return orig(ins, b, out)
+        return lut[m](ins[0], ins[1], out)
+    return run, "tuned:" + ",".join(sorted({e["backend"] for e in entries.values()}))
+
+
+def apply_tuning(ex, tuning) -> int:
+    """Re-lower the gemm steps of a built Executor with `tuning`'s backends (the tuner's
+    refinement loop); returns how many steps took a tuned runner. Fused gemm chains keep
+    their kernel. build_executor does not call this: lowering builds tuned steps directly."""
+    table = gemm_table(load_tuning(tuning) if tuning is not None else {})
+    if not table:
+        return 0
+    params, g = ex.plan.params, ex.compiled.graph
     count = 0
     for st in ex._steps:
         if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
-            continue  # a fused gemm chain (executors.gemm_chain) keeps its kernel
+            continue
         op = g.nodes[st.id]["op"]
         a_spec, w_spec = (ex._specs[n] for n in op.inputs())
-        n, k = static_int(w_spec.shape[0], params), static_int(w_spec.shape[1], params)
-        entries = by_shape.get((a_spec.dtype, n, k))
-        if not entries or (op.out_dtype not in (None, a_spec.dtype)):
+        base = getattr(st, "base_run", None) or st.run
+        got = tuned_gemm(op, a_spec, w_spec, params, table, base)
+        if got is None:
             continue
-        if getattr(op, "backend", "auto") not in (None, "auto"):
-            continue  # an explicitly named backend wins over tuning
-        orig = st.run
-        dt = torch_dtype(op.out_dtype or a_spec.dtype)
-        runners = {m: gemm_runner(e["backend"], e.get("config"), dt) for m, e in entries.items()}
-        ms = sorted(runners)
-        maxm = ms[-1]
-        lut = [None] * (maxm + 1)
-        for mm in range(maxm + 1):
-            lut[mm] = runners[next(x for x in ms if x >= mm)]
-
-        def run(ins, b, out, lut=lut, maxm=maxm, orig=orig):
-            m = ins[0].shape[0]
-            if m > maxm:
-                return orig(ins, b, out)
-            return lut[m](ins[0], ins[1], out)
-        st.run = run
-        st.backend = "tuned:" + ",".join(sorted({e["backend"] for e in entries.values()}))
+        st.run, st.backend = got
         ex.backends[st.id] = st.backend
         count += 1
     return count

@@ -63,6 +63,9 @@ def _compile_args(p) -> None:
     p.add_argument("--min-gain-us", type=float, default=1.0, help="a fork/join must save this much (default 1 us)")
     p.add_argument("--device-profile", metavar="JSON", help="device profile overriding the H200 defaults")
     p.add_argument("--tuning", metavar="JSON", help="tuning file from `planner tune` (limits and measured times)")
+    p.add_argument("--device-name", metavar="NAME", default=None,
+                   help="device whose shipped tuning (planner/tuned/) applies without --tuning"
+                        " (default: NVIDIA H200, the default profile's; 'none': the plan's defaults)")
 
 
 def _emit(p) -> None:

@@ -11,13 +11,35 @@ from .config import CompileConfig
 from .cost import DeviceProfile
 from .errors import PlanError
 from .lang.loader import load_plan, parse_overrides
-from .tuning import read_tuning
+from .tuning import DEFAULT_DEVICE, check_limits, gemm_shapes, match_tuning, read_tuning
 
 __all__ = ["cmd_validate", "cmd_compile", "config_from_args"]
 
 
-def config_from_args(args) -> CompileConfig:
-    tuning = read_tuning(getattr(args, "tuning", None))
+def resolve_compile_tuning(args, plan) -> tuple[dict, str]:
+    """(tuning, source line) for compile/viz: --tuning FILE (strict, its limits must be the
+    plan's), else the shipped tuning for --device-name (default the H200 of the default profile;
+    versions are not checked: compile runs no kernel), else none with a note."""
+    path = getattr(args, "tuning", None)
+    if path:
+        tuning = read_tuning(path)
+        try:
+            check_limits(tuning, plan.tuned, str(path), plan.name)
+        except ValueError as exc:
+            raise PlanError.at(None, "schema", str(exc)) from None
+        return tuning, str(path)
+    device = getattr(args, "device_name", None) or DEFAULT_DEVICE
+    if device == "none":
+        return {}, "none (--device-name none): plan defaults"
+    data, source = match_tuning(device, plan.tuned, gemm_shapes(plan))
+    return (data or {}), source
+
+
+def config_from_args(args, plan=None) -> CompileConfig:
+    if plan is not None:
+        tuning, source = resolve_compile_tuning(args, plan)
+    else:
+        tuning, source = read_tuning(getattr(args, "tuning", None)), getattr(args, "tuning", None) or "none"
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
     if tuning.get("measured"):
         profile.measured = {k: v for k, v in tuning["measured"].items() if isinstance(v, (int, float))}
@@ -29,6 +51,7 @@ def config_from_args(args) -> CompileConfig:
         tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},
         verify_each=getattr(args, "verify_each", False),
         dump_after=set(getattr(args, "dump_after", []) or []),
+        tuning_source=source,
     )
 
 
@@ -48,8 +71,8 @@ def cmd_compile(args) -> int:
     from .pipeline import compile_plan
     from .report import dumps_json, to_text
     from .verify import VerifyError, verify
-    cfg = config_from_args(args)
     plan = load_plan(args.plan, parse_overrides(args.overrides))
+    cfg = config_from_args(args, plan)
     try:
         cp = compile_plan(plan, cfg)
         if args.verify_each:

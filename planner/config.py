@@ -21,4 +21,5 @@ class CompileConfig:
     min_gain_us: float = 1.0             # a fork/join must save at least this much
     profile: DeviceProfile = field(default_factory=DeviceProfile)
     tuned: dict = field(default_factory=dict)  # tuned limits (override plan defaults)
+    tuning_source: str = ""              # which tuning applied (planner.commands.resolve_compile_tuning)
     dumps: list = field(default_factory=list)  # (pass name, text) filled by --dump-after

@@ -112,6 +112,7 @@ def to_json(cp: Compiled, cfg) -> dict:
         "profile": cfg.profile.to_json(),
         "passes": list(cp.passes_run),
         "disabled_passes": sorted(cfg.disable_passes),
+        "tuning": {"source": getattr(cfg, "tuning_source", ""), "limits": {**cp.plan.tuned, **cfg.tuned}},
     }
 
 
@@ -184,6 +185,9 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         L.append(f"  dims: {dims}")
     L.append(f"  {len(plan.ops)} ops written -> {cp.graph.number_of_nodes()} after planning;"
              f" passes: {' > '.join(cp.passes_run)}")
+    if getattr(cfg, "tuning_source", ""):
+        limits = ", ".join(f"{k}={v}" for k, v in {**plan.tuned, **cfg.tuned}.items())
+        L.append(f"  tuning: {cfg.tuning_source}" + (f"; limits {limits}" if limits else ""))
     dce = cp.report.get("dce")
     if isinstance(dce, list) and dce:
         L.append("")

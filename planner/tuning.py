@@ -1,15 +1,24 @@
 """The tuning file: the one format `planner tune` writes and everything else reads.
 
     {"device": str, "date": ISO-8601, "torch": str,
+     "cc": int (compute capability, 90 = sm_90; optional), "versions": {library: "major.minor"} (optional),
      "limits":   {tuned limit name: int},
      "backends": {op signature (planner.cost.op_signature): {"backend": str, "config": dict | null}},
      "measured": {op signature: us of the chosen backend},
      "variants": {region: {bucket: {variant: us}}},
-     "candidates": {op signature: {candidate label: us}}   (optional, for the record)}
+     "candidates": {op signature: {candidate label: us}}   (optional, for the record),
+     "refinements": [what the tuner tried per bucket]      (optional, for the record)}
 
-`planner compile --tuning F` reads "limits" into the gates and "measured" into the cost
-model; build_executor(..., tuning=F) also applies "backends" to the lowered gemm steps.
-Pure Python (no torch): the planner and the executors share it.
+Validation is strict: an unknown key is an error naming the file and the key (a flat
+{"limit": N} file is refused, not ignored), and check_limits refuses a limit the plan does
+not declare. `planner compile --tuning F` reads "limits" into the gates and "measured" into
+the cost model; build_executor(..., tuning=F) also lowers the gemm steps with "backends".
+
+Shipped tunings live in planner/tuned/*.json (package data, this format). With no tuning
+given, match_tuning picks the one whose device name, compute capability and library
+versions equal the running device's (`planner compile` has no GPU: it matches on --device,
+default the H200 of the default device profile, and ignores versions) and whose limits and
+gemm signatures all belong to the plan. Pure Python (no torch): planner and executors share it.
 """
 
 from __future__ import annotations
@@ -21,10 +30,13 @@ from pathlib import Path
 
 from .errors import PlanError
 
-__all__ = ["FORMAT_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
-           "read_tuning"]
+__all__ = ["FORMAT_KEYS", "ALL_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
+           "read_tuning", "check_limits", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
 
 FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
+ALL_KEYS = FORMAT_KEYS + ("cc", "versions", "candidates", "refinements")
+TUNED_DIR = Path(__file__).resolve().parent / "tuned"
+DEFAULT_DEVICE = "NVIDIA H200"  # the device of the default profile (planner.cost.DeviceProfile)
 _SIG = re.compile(r"^gemm:(?P<dtype>\w+):M=(?P<m>\d+),N=(?P<n>\d+),K=(?P<k>\d+)$")
 
 
@@ -39,9 +51,23 @@ def validate_tuning(data, where: str = "tuning") -> dict:
     """Check the structure; returns data. Raises ValueError naming the bad key."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: must be a JSON object")
-    for k in ("limits", "backends", "measured", "variants"):
+    for k in data:
+        if k not in ALL_KEYS:
+            hint = " (tuned limits go under \"limits\")" if isinstance(data[k], int) else ""
+            raise ValueError(f"{where}: unknown key '{k}'{hint}; a tuning file has {', '.join(ALL_KEYS)}")
+    for k in ("limits", "backends", "measured", "variants", "candidates", "versions"):
         if k in data and not isinstance(data[k], dict):
             raise ValueError(f"{where}: '{k}' must be an object")
+    for k in ("device", "date", "torch"):
+        if k in data and not isinstance(data[k], str):
+            raise ValueError(f"{where}: '{k}' must be a string")
+    if "cc" in data and (isinstance(data["cc"], bool) or not isinstance(data["cc"], int)):
+        raise ValueError(f"{where}: 'cc' must be an integer (90 for sm_90), got {data['cc']!r}")
+    if "refinements" in data and not isinstance(data["refinements"], list):
+        raise ValueError(f"{where}: 'refinements' must be a list")
+    for k, v in data.get("versions", {}).items():
+        if not isinstance(v, str):
+            raise ValueError(f"{where}: versions.{k} must be a string like \"2.11\", got {v!r}")
     for k, v in data.get("limits", {}).items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{where}: limits.{k} must be a non-negative integer, got {v!r}")
@@ -53,9 +79,86 @@ def validate_tuning(data, where: str = "tuning") -> dict:
             raise ValueError(f"{where}: backends['{k}'] must be {{\"backend\": str, \"config\": object|null}}")
         if v.get("config") is not None and not isinstance(v["config"], dict):
             raise ValueError(f"{where}: backends['{k}'].config must be an object or null")
+        bad = set(v) - {"backend", "config"}
+        if bad:
+            raise ValueError(f"{where}: backends['{k}'] has unknown key '{sorted(bad)[0]}' (backend, config)")
+        if parse_signature(k) is None:
+            raise ValueError(f"{where}: backends key '{k}' is not a gemm signature like 'gemm:bf16:M=8,N=6144,K=7168'")
     return data
 
 
+def check_limits(data: dict, declared, where: str = "tuning", plan: str = "") -> dict:
+    """Every limit of `data` must be one the plan declares (tuned: section); ValueError naming
+    the file and the key otherwise. Returns data."""
+    for k in data.get("limits", {}):
+        if k not in declared:
+            from .errors import did_you_mean
+            hint = did_you_mean(k, list(declared))
+            raise ValueError(f"{where}: limits.{k}: plan '{plan}' declares no tuned limit '{k}'"
+                             f" (declared: {sorted(declared)}){'; ' + hint if hint else ''}")
+    return data
+
+
+# ------------------------------------------------------------------ shipped tunings
+
+def packaged() -> list:
+    """[(path, data)] of the tunings shipped in planner/tuned/, validated, in name order."""
+    out = []
+    for p in sorted(TUNED_DIR.glob("*.json")):
+        out.append((p, validate_tuning(json.loads(p.read_text()), str(p))))
+    return out
+
+
+def _version_ok(want: str, have: str | None) -> bool:
+    if have is None:
+        return True
+    return have == want or have.startswith(want + ".") or have.startswith(want + "+")
+
+
+def match_tuning(device: str, declared, gemm_shapes, cc: int | None = None, versions: dict | None = None):
+    """The shipped tuning for this device and plan: (data, "planner/tuned/NAME.json (...)"), or
+    (None, one-line note why none applies). declared: the plan's tuned limit names; gemm_shapes:
+    {(dtype, N, K)} of its gemms. versions None (planner compile) skips the version check."""
+    shapes = set(gemm_shapes)
+    why = []
+    for path, data in packaged():
+        tag = path.name
+        if data.get("device") != device:
+            why.append(f"{tag} is for {data.get('device')}")
+            continue
+        if cc is not None and data.get("cc") not in (None, cc):
+            why.append(f"{tag} is for sm_{data.get('cc')}")
+            continue
+        bad = [k for k, v in data.get("versions", {}).items() if versions is not None and not _version_ok(v, versions.get(k))]
+        if bad:
+            k = bad[0]
+            why.append(f"{tag} is for {k} {data['versions'][k]} (here {versions.get(k)})")
+            continue
+        sigs = [parse_signature(k) for k in data.get("backends", {})]
+        mine = [(d, n, k) in shapes for d, _, n, k in sigs]
+        limits = list(data.get("limits", {}))
+        if not all(mine) or any(k not in declared for k in limits) or not (sigs or limits):
+            why.append(f"{tag} tunes other ops")
+            continue
+        cc_s = f", sm_{data['cc']}" if "cc" in data else ""
+        vs = "".join(f", {k} {v}" for k, v in sorted(data.get("versions", {}).items()))
+        return data, f"planner/tuned/{tag} ({device}{cc_s}{vs})"
+    return None, f"no shipped tuning for {device}" + (f" ({'; '.join(why)})" if why else "") + ": plan defaults"
+
+
+def gemm_shapes(plan) -> set:
+    """{(dtype, N, K)} of a loaded plan's gemms (every variant) whose weight shape is static."""
+    from .expr import eval_int
+    out = set()
+    for op in plan.ops:
+        if op.op != "gemm":
+            continue
+        a, w = (plan.tensors[n] for n in op.inputs())
+        try:
+            out.add((a.dtype, int(eval_int(w.shape[0], plan.params)), int(eval_int(w.shape[1], plan.params))))
+        except Exception:  # noqa: BLE001 - a symbolic weight dim: no static signature to match
+            continue
+    return out
 def load_tuning(src) -> dict:
     """A tuning file path or an already-loaded dict -> validated dict."""
     if isinstance(src, dict):

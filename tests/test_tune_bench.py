@@ -117,7 +117,7 @@ def _compile_json(capsys, *extra):
 
 
 def test_compile_tuning_changes_limit_and_costs(tmp_path, capsys):
-    base = _compile_json(capsys)
+    base = _compile_json(capsys, "--device-name", "none")  # the plan default, not the shipped H200 tuning
     tb = lambda d: [r for r in d["critical_path"] if r["variant"] == "two_branch"]  # noqa: E731
     assert [r["bindings"]["num_tokens"] for r in tb(base)] == [1, 2]          # plan default limit 2
     t = new_tuning()

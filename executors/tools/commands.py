@@ -130,7 +130,8 @@ def cmd_run(args) -> int:
                                f" (set the plan's size with --set, e.g. --set tp_size={world})")
     pick_dims(plan, args.num_tokens, args.seed)  # range errors exit 2 here, not inside a rank
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
-    cfg = _compile_config(ns)
+    # tuning-file errors (unknown key, a limit the plan does not declare) exit 2 here, naming the file
+    cfg = config_from_args(argparse.Namespace(**ns), plan)
     compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
     body = (args.plan, overrides, ns, args.device, args.check, args.num_tokens, args.seed)
     try:
