@@ -44,12 +44,13 @@ def _chain_of(cp, steps_by_id, st_b):
     return st_a, sum(widths[:idx])
 
 
-def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None, prepacked: dict | None = None
-                     ) -> list[tuple[str, str]]:
+def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None, prepacked: dict | None = None,
+                     layouts: dict | None = None) -> list[tuple[str, str]]:
     """Rewire eligible chains in place; returns [(first gemm id, second gemm id)].
     `prefs` (the executor's backend_prefs) without "cute" turns the peephole off. With a
     `prepacked` dict, a chain whose first weight fits keeps that weight a second time in the
-    A-fragment layout (swapped mma roles) and records {weight name: bytes} there."""
+    A-fragment layout (swapped mma roles) and records {weight name: bytes} there. With `layouts`
+    (executors.weights), a first weight prepared as "mma_a" is itself the kernel's w_swap: no copy."""
     if device.type != "cuda" or (prefs is not None and "cute" not in prefs):
         return []
     from . import cute
@@ -65,6 +66,10 @@ def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None, prepacked: di
         w_fb = weights[cp.graph.nodes[st_b.id]["op"].b]
         name_a = cp.graph.nodes[st_a.id]["op"].b
         w_a = weights[name_a]
+        if layouts is not None and layouts.get(name_a) == "mma_a":
+            _rewire(st_a, st_b, w_fb, fa_col, cute, w_prepared=w_a)
+            done.append((st_a.id, st_b.id))
+            continue
         swappable = (prepacked is not None and w_a.dim() == 2 and w_a.shape[0] % 16 == 0
                      and w_a.shape[1] % 32 == 0 and w_a.is_contiguous())
         _rewire(st_a, st_b, w_fb, fa_col, cute, w_a if swappable else None)
@@ -74,7 +79,7 @@ def fuse_gemm_chains(cp, steps, weights: dict, device, prefs=None, prepacked: di
     return done
 
 
-def _rewire(st_a, st_b, w_fb, fa_col, cute, w_a=None):
+def _rewire(st_a, st_b, w_fb, fa_col, cute, w_a=None, w_prepared=None):
     run_a, run_b = st_a.run, st_b.run
     cell: dict = {}
     nb, kb = w_fb.shape
@@ -85,6 +90,8 @@ def _rewire(st_a, st_b, w_fb, fa_col, cute, w_a=None):
     swap = {"w": None, "version": None}
 
     def swapped(w):
+        if w_prepared is not None:  # the plan weight is kept only in the A-fragment layout
+            return w_prepared if w.data_ptr() == w_prepared.data_ptr() and w.shape == w_prepared.shape else None
         if w_a is None or w.data_ptr() != w_a.data_ptr() or w.shape != w_a.shape:
             return None
         if swap["version"] != w_a._version:

@@ -22,6 +22,7 @@ from .gating import compile_regions
 from .gemm_chain import fuse_gemm_chains
 from .streams import MAIN
 from .tuning import gemm_table, resolve_tuning, tuned_gemm
+from .weights import ROW, layout_gemm, layout_of_tensor, prepare_weights
 
 __all__ = ["build_executor", "Executor", "BuildError", "default_schedule"]
 
@@ -91,12 +92,12 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
       {}: none; None: the shipped tuning matching this device and plan (planner/tuned/), else the
       plan's defaults. ex.tuning_source says which applied.
     agree: all-gather the plan hash before anything runs when the plan has collectives.
-    prepack: a fused gemm chain (the KDA packed projection) may keep its first weight a second
-      time in the mma-fragment layout of the swapped-role kernel; the bytes are in
-      ex.prepacked_bytes ({weight: bytes}). False keeps no copy (the kernel then runs the
-      non-swapped roles: 0.3-1.5 us slower per step on H200, run49). The copy is remade when the
-      weight is written in place; a CUDA graph captured by hand keeps replaying the copy it
-      captured, so re-capture after such a write (GraphedExecutor does that itself).
+    weights: {name: tensor}, or executors.weights.prepare_weights(...) output (taken as is).
+      A plain dict goes through prepare_weights here: the first weight of a fused gemm chain
+      (the KDA packed projection) takes the mma-fragment layout of the swapped-role kernel and
+      the executor keeps only that tensor (ex.weight_layouts; ex.prepacked_bytes is {}).
+    prepack: False keeps every weight row-major (the fused kernel then runs the non-swapped
+      roles: 0.3-1.5 us slower per step on H200, run49). New weights: executors.weights.load_weights.
     """
     cp = compiled
     plan = cp.plan
@@ -104,6 +105,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         cp.schedule = default_schedule(cp)
     device = _resolve_device(device, weights)
     _check_weights(cp, weights, device)
+    # each weight in the layout its kernel reads; the executor keeps only these (executors.weights)
+    weights = prepare_weights(cp, weights, device, backend_prefs, prepack)
     comms = bind_groups(plan.groups, group)
     g = cp.graph
     has_coll = any(g.nodes[v]["op"].op in ("all_gather", "reduce_scatter", "all_reduce") for v in cp.schedule)
@@ -119,7 +122,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
     bctx = _BuildCtx(cp, device, comms, externs)
-    steps = _lower_steps(cp, bctx, device, backend_prefs, gemm_table(tuning_data))
+    steps = _lower_steps(cp, bctx, device, backend_prefs, gemm_table(tuning_data), weights.layouts)
     events = {}
     if device.type == "cuda":
         with torch.cuda.device(device):
@@ -133,15 +136,16 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     ex = Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
                   list(getattr(cp, "exit_waits", []) or []), trace)
     ex.tuning_source = tuning_source  # which tuning applied (a file, planner/tuned/..., or none and why)
-    ex.prepacked_bytes = {}
+    ex.weight_layouts = dict(weights.layouts)
+    ex.prepacked_bytes = {}  # bytes kept beyond the weights: none (the prepared tensor is the only copy)
     # one-launch gemm -> slice -> gemm
-    fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs, ex.prepacked_bytes if prepack else None)
+    fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs, None, weights.layouts)
     ex.backends = {s.id: s.backend for s in steps}
     ex._op, ex._op_out, ex._op_spec = register_ops(ex)  # the torch.compile entry (executors.custom_op)
     return ex
 
 
-def _lower_steps(cp, bctx, device, prefs, table=None) -> list[Step]:
+def _lower_steps(cp, bctx, device, prefs, table=None, layouts=None) -> list[Step]:
     g = cp.graph
     consumers: dict[str, set] = {}
     for v in cp.schedule:
@@ -184,7 +188,10 @@ def _lower_steps(cp, bctx, device, prefs, table=None) -> list[Step]:
             impl = lookup(op, specs, device.type, prefs)
             st.run = impl.make(op, bctx)
             st.backend = impl.backend
-            if op.op == "gemm" and table:  # measured backend per M (planner tune), chosen here once
+            lay = layout_of_tensor(cp, op.b, layouts) if op.op == "gemm" and layouts else ROW
+            if lay != ROW:  # the weight operand is a prepared layout: its own runner, no tuning
+                st.run, st.backend = layout_gemm(lay, device)
+            elif op.op == "gemm" and table:  # measured backend per M (planner tune), chosen here once
                 got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run)
                 if got is not None:
                     st.run, st.backend = got
