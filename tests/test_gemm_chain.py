@@ -60,26 +60,27 @@ def test_fused_chain_matches_reference_on_gpu():
         inputs, w = make_data(plan, {"num_tokens": m}, seed=m, rank=0, device="cuda")
         ex = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda")
         assert ex.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
-        assert ex.prepacked_bytes == {"w_packed": w["w_packed"].numel() * 2}
+        # the packed weight is kept once, in the A-fragment layout (executors.weights): no copy
+        assert ex.prepacked_bytes == {} and ex.weight_layouts["w_packed"] == "mma_a"
         ref = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
                              backend_prefs=("torch",))
         out, r = ex(**inputs), ref(**inputs)
         for k in out:
             cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
             assert cos > 0.999, (m, k, float(cos))
-    # the chain keeps the packed weight a second time in the A-fragment layout (swapped mma
-    # roles); writing the plan weight in place must not leave that copy stale; prepack=False
-    # keeps no copy and gives the same results
-    # the same through a captured graph: a weight write after capture drops the graph
+    # new weights go through load_weights (in place, same addresses): a captured graph replays
+    # the new weights without a re-capture
     from executors.cudagraph import GraphedExecutor
+    from executors.weights import load_weights
     ge = GraphedExecutor(ex, buckets=[16])
     before = ge(**inputs)["g1"].clone()
     w["w_packed"].copy_(torch.randn_like(w["w_packed"]) / 64)
+    load_weights(ex, {"w_packed": w["w_packed"]})
     after, r = ge(**inputs), ref(**inputs)
     assert not torch.equal(before, after["g1"])
     for k in after:
         cos = torch.nn.functional.cosine_similarity(after[k].float().flatten(), r[k].float().flatten(), dim=0)
-        assert cos > 0.999, ("graph after an in-place weight update", k, float(cos))
+        assert cos > 0.999, ("graph after load_weights", k, float(cos))
     plain = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
                            prepack=False)
     assert plain.prepacked_bytes == {} and plain.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
@@ -88,7 +89,8 @@ def test_fused_chain_matches_reference_on_gpu():
         cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
         assert cos > 0.999, ("prepack=False", k, float(cos))
     w["w_packed"].copy_(torch.randn_like(w["w_packed"]) / 64)
+    load_weights(ex, {"w_packed": w["w_packed"]})
     out, r = ex(**inputs), ref(**inputs)
     for k in out:
         cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
-        assert cos > 0.999, ("after an in-place weight update", k, float(cos))
+        assert cos > 0.999, ("after load_weights", k, float(cos))
