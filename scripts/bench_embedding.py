@@ -286,7 +286,7 @@ def main() -> int:
                 fns[name] = g.replay
             else:
                 bad = check(mod(x), refs)
-                fns[name] = lambda mod=mod: mod(x)
+                fns[name] = lambda mod=mod, x=x: mod(x)
             row[f"{name}_variant"] = mod.exs[0].last_variants.get("kda_projection.0")
             if bad:
                 failures.append(f"M={m} {name}: {bad}")
@@ -298,7 +298,7 @@ def main() -> int:
             bad = check(out, refs)
             if bad:
                 failures.append(f"M={m} {name}: {bad}")
-            fns[name] = lambda f=f: f(x)
+            fns[name] = lambda f=f, x=x: f(x)
         if cuda:
             fns["pw_piece"] = pw_backend.pieces[-1].last[0].replay  # the piece holding the ops, at this M
             outs = [(torch.empty(m, ws[0]["w_packed"].shape[0], device=dev, dtype=torch.bfloat16),
