@@ -228,6 +228,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8, help="KDA executors built for the memory check")
     ap.add_argument("--trials", type=int, default=41)
     ap.add_argument("--out", default=None, help="directory for the .json/.md/.csv report")
+    ap.add_argument("--stem", default=None, help="report file name stem (default: <date>_<device>_embedding)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, small shapes, no graphs")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.dry_run
@@ -350,7 +351,8 @@ def main() -> int:
         notes.append(f"memory: {mm['layers']} layers, weights {mm['weight_bytes'] / 1e6:.1f} MB, extra after build"
                      f" {mm['extra_bytes'] / 1e6:.3f} MB ({100 * mm['extra_over_weights']:.3f} %, target <= 1 %)")
     notes += [f"FAILED: {f}" for f in failures]
-    text = write_report(args.out, f"{meta['date'][:10]}_{'h200' if cuda else 'cpu'}_embedding", meta, rows, cols,
+    stem = args.stem or f"{meta['date'][:10]}_{'h200' if cuda else 'cpu'}_embedding"
+    text = write_report(args.out, stem, meta, rows, cols,
                         "KDA executor embedded: compiled and captured vs bare, weight memory, shipped tuning", notes)
     print(text)
     return 1 if failures else 0

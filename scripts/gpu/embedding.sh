@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The KDA executor embedded in a model on one GPU (docs/embedding.md): scripts/bench_embedding.py
+# (torch.compile'd 4-layer module under reduce-overhead and a piecewise capture vs the bare
+# executors in a graph, the previous prepack-copy build's kernel, the HBM floor, the shipped
+# tuning vs the tuning file vs the plan's defaults, memory after building 8 layers; every path
+# checked against an fp32 reference with poisoned outputs first).
+#   bash scripts/gpu/embedding.sh
+# Writes $OUT/embedding/<RECORD>_{bench_embedding.log,embedding.json,nvidia_smi.txt} (3 files; the
+# log ends with its table).
+. "$(dirname "$0")/common.sh"
+smi embedding
+log=$(record embedding bench_embedding.log)
+timeout "${EMB_T:-540}" python3 scripts/bench_embedding.py --stem "${RECORD}_embedding" --out /tmp/embedding \
+  > "$log" 2>&1; echo "rc=$?" >> "$log"
+cp "/tmp/embedding/${RECORD}_embedding.json" "$(record embedding embedding.json)" 2>/dev/null
+tail -26 "$log"
