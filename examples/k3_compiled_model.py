@@ -11,7 +11,8 @@ count (mark the token dim unbacked, torch._dynamo.decorators.mark_unbacked, or D
 specializes T = 1 and compiles once more there).
 
 Run as a script: 2 gloo ranks on CPU (NCCL with --cuda), T = 1..16, compiled vs eager, and
-the number of Dynamo graphs and graph breaks.
+the number of Dynamo graphs and graph breaks; with --cuda also the compiled model captured in
+one CUDA graph and replayed on fresh inputs.
 """
 
 from __future__ import annotations
@@ -76,7 +77,28 @@ def _rank(rank, world, t_max, hidden, device):
         equal.append(all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
                      and [tuple(a.shape) for a in want] == [tuple(b.shape) for b in got])
     c = torch._dynamo.utils.counters
-    return {"rank": rank, "equal": equal, "graphs": c["stats"]["unique_graphs"],
+    captured = None
+    if device == "cuda":  # the compiled model captured whole in a CUDA graph, replayed on fresh inputs
+        t = 8
+        static = [torch.zeros(t, model.hidden, device=dev, dtype=torch.bfloat16)] + [
+            torch.zeros(-(-t // world), hidden, device=dev, dtype=torch.bfloat16) for _ in range(4)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                compiled(*static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = compiled(*static)
+        g = torch.Generator().manual_seed(7 + rank)
+        for a in static:
+            a.copy_(torch.randn(a.shape, generator=g).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = model(*static)
+        captured = all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2) for a, b in zip(want, outs, strict=True))
+    return {"rank": rank, "equal": equal, "captured_equal": captured, "graphs": c["stats"]["unique_graphs"],
             "breaks": sum(c["graph_break"].values()), "layout_copies": sum(m.executor.op_layout_copies
                                                                            for m in model.kda)}
 
@@ -91,4 +113,5 @@ if __name__ == "__main__":
     dev = "cuda" if "--cuda" in sys.argv else "cpu"
     for r in main(device=dev):
         print(f"rank {r['rank']}: compiled == eager at T = 1..{len(r['equal']) - 1}: {all(r['equal'])};"
-              f" {r['graphs']} Dynamo graph(s), {r['breaks']} graph break(s)")
+              f" {r['graphs']} Dynamo graph(s), {r['breaks']} graph break(s)"
+              + ("" if r["captured_equal"] is None else f"; captured == eager: {r['captured_equal']}"))
