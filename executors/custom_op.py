@@ -358,6 +358,9 @@ def compiled_call(ex, inputs: dict, dims: dict | None, out: dict | None):
     if len(inputs) != len(spec.inputs) or any(n not in inputs for n in spec.inputs):
         raise InputError(f"plan '{ex.plan.name}' takes inputs {spec.inputs}; got {sorted(inputs)}")
     args = [inputs[n] for n in spec.inputs]
+    for n, t in zip(spec.inputs, args, strict=True):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"plan '{ex.plan.name}': input '{n}' must be a tensor {ex._checks[n][4]}, got {type(t).__name__}")
     dv = [None if dims is None else dims.get(d) for d in spec.dims]
     if out is not None:
         ex._op_out(*args, *dv, *[out[o] for o in spec.outputs])

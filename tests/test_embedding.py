@@ -115,6 +115,13 @@ def test_bad_input_under_compile_names_the_input(kda):
     f(_x(3))
     with pytest.raises(Exception, match=r"input 'x' must be bf16\[num_tokens, 256\] contiguous on cpu; got fp32\[s"):
         f(_x(3).float())
+    # names and tensor-ness are checked in the traced code: Dynamo reports the InputError's text
+    g = torch.compile(lambda x: kda(y=x), fullgraph=True, dynamic=True)
+    with pytest.raises(Exception, match=r"takes inputs \['x'\]; got \['y'\]"):
+        g(_x(3))
+    h = torch.compile(lambda x: kda(x=[x]), fullgraph=True, dynamic=True)
+    with pytest.raises(Exception, match=r"input 'x' must be a tensor bf16\[num_tokens, 256\] contiguous on cpu, got list"):
+        h(_x(3))
     with pytest.raises(InputError, match="dims= names \\['tokens'\\]"):
         kda(x=_x(3), dims={"tokens": 3})
 
