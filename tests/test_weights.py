@@ -121,3 +121,36 @@ def test_inplace_preparation_and_load_weights_keep_one_copy_at_fixed_addresses()
         load_weights(ex, {"w_fb": torch.zeros(3, 3)})
     with pytest.raises(KeyError, match="no weight 'w_nope'"):
         load_weights(ex, {"w_nope": torch.zeros(3, 3)})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_one_copy_of_the_weights_and_the_fused_kernel_reads_it():
+    """Executors for 3 KDA layers, weights prepared in place: memory_allocated beyond the weights'
+    bytes <= 1 %; the fused kernel runs on the mma_a tensor and matches an fp32 reference."""
+    from executors import cute
+    if not cute.available():
+        pytest.skip("cutlass DSL not available")
+    plan = load_plan(KDA)
+    torch.cuda.current_blas_handle()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    ws = [{k: v.cuda() for k, v in _weights(plan, s).items()} for s in range(3)]
+    wbytes = torch.cuda.memory_allocated() - base
+    exs = []
+    for w in ws:
+        cp = compile_for_run(plan)
+        exs.append(build_executor(cp, prepare_weights(cp, w, "cuda", inplace=True), device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - base - wbytes <= 0.01 * wbytes
+    ex, w = exs[0], ws[0]
+    assert ex.weight_layouts["w_packed"] == MMA_A and ex.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
+    row = from_layout(w["w_packed"], MMA_A).float()
+    hc, fa = plan.params["head_cols"], plan.params["fa_rank"]
+    for m in (1, 8, 16):
+        x = torch.randn(m, 7168, device="cuda").bfloat16()
+        out = ex(x=x)
+        proj = x.float() @ row.t()
+        torch.testing.assert_close(out["mixed_qkv"].float(), proj[:, :3 * hc], rtol=2e-2, atol=2e-2)
+        g1 = proj[:, 4 * hc:4 * hc + fa].bfloat16().float() @ w["w_fb"].float().t()
+        torch.testing.assert_close(out["g1"].float(), g1, rtol=2e-2, atol=2e-2)
