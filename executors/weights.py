@@ -56,15 +56,16 @@ def to_layout(w, layout: str):
         n, k = w.shape
         if n % 16 or k % 32:
             raise ValueError(f"mma_a needs N % 16 == 0 and K % 32 == 0, got {tuple(w.shape)}")
-        # [tile, h, g, step, t, kk, j, e] -> [tile, step, kk, g, t, j, h, e] (executors.cute.tile_weights(w, 2))
-        v = w.reshape(n // 16, 2, 8, k // 32, 4, 2, 2, 2)
-        return v.permute(0, 3, 5, 2, 4, 6, 1, 7).contiguous().view(n, k)
+        from . import cute  # the kernel's own layout function (pure torch; no GPU needed)
+        return cute.tile_weights(w, 2)
     raise ValueError(f"unknown weight layout '{layout}' ({ROW}, {MMA_A})")
 
 
 def _tiles(p):
+    """The 8-D view [tile, step, kk, g, t, j, h, e] of an mma_a tensor: row tile*16 + h*8 + g,
+    column step*32 + t*8 + kk*4 + j*2 + e (executors.cute.tile_weights, wl = 2)."""
     n, k = p.shape
-    return p.view(n // 16, k // 32, 2, 8, 4, 2, 2, 2)  # [tile, step, kk, g, t, j, h, e]
+    return p.view(n // 16, k // 32, 2, 8, 4, 2, 2, 2)
 
 
 def from_layout(p, layout: str):
