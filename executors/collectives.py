@@ -31,7 +31,8 @@ class GroupError(ValueError):
     """A plan group cannot be bound to the given process group."""
 
 
-_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+           "avg": dist.ReduceOp.AVG}  # NCCL only: executors.backends.torch_ops emulates avg on gloo
 # the *_single names replace the deprecated *_into_tensor ones in newer torch
 _AG_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _RS_TENSOR = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -7,7 +7,8 @@ import torch
 __all__ = ["TORCH_DTYPES", "torch_dtype"]
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
-                "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
+                "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8,
+                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -21,7 +21,7 @@ from .executor import Executor, Step
 from .gating import compile_regions
 from .gemm_chain import fuse_gemm_chains
 from .streams import MAIN
-from .tuning import gemm_table, resolve_tuning, tuned_gemm
+from .tuning import gemm_table, keyed_table, resolve_tuning, tuned_gemm, tuned_keyed
 from .weights import ROW, layout_gemm, layout_of_tensor, prepare_weights
 
 __all__ = ["build_executor", "Executor", "BuildError", "default_schedule"]
@@ -122,7 +122,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
     bctx = _BuildCtx(cp, device, comms, externs)
-    steps = _lower_steps(cp, bctx, device, backend_prefs, gemm_table(tuning_data), weights.layouts)
+    steps = _lower_steps(cp, bctx, device, backend_prefs, tuning_data, weights.layouts)
     events = {}
     if device.type == "cuda":
         with torch.cuda.device(device):
@@ -145,8 +145,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     return ex
 
 
-def _lower_steps(cp, bctx, device, prefs, table=None, layouts=None) -> list[Step]:
+def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Step]:
     g = cp.graph
+    table, keyed = gemm_table(tuning or {}), keyed_table(tuning or {})
     consumers: dict[str, set] = {}
     for v in cp.schedule:
         for n in g.nodes[v]["op"].inputs():
@@ -191,8 +192,10 @@ def _lower_steps(cp, bctx, device, prefs, table=None, layouts=None) -> list[Step
             lay = layout_of_tensor(cp, op.b, layouts) if op.op == "gemm" and layouts else ROW
             if lay != ROW:  # the weight operand is a prepared layout: its own runner, no tuning
                 st.run, st.backend = layout_gemm(lay, device)
-            elif op.op == "gemm" and table:  # measured backend per M (planner tune), chosen here once
-                got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run)
+            else:  # measured backend per M (planner tune), chosen here once
+                got = tuned_keyed(op, specs, bctx.params, bctx.dims, keyed, st.run, bctx)
+                if got is None and op.op == "gemm":
+                    got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run)
                 if got is not None:
                     st.run, st.backend = got
         # streams that read what this op makes (through views too) + main, for record_stream

@@ -100,10 +100,11 @@ def gemm_table(tuning: dict) -> dict:
 
 
 def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
-    """(runner, backend label) of a gemm op with tuned entries for its (dtype, N, K), or None.
+    """(runner, backend label) of a bf16 gemm op with tuned entries for its (dtype, N, K), or None.
     A call with M uses the entry of the smallest tuned M >= M (the bucket its graph was
-    captured at); above every tuned M, `fallback` (the registry's choice) runs."""
-    if not table or getattr(op, "backend", "auto") not in (None, "auto"):
+    captured at); above every tuned M, `fallback` (the registry's choice) runs. Scaled fp8
+    gemms are keyed like the pointwise ops (tuned_keyed)."""
+    if not table or getattr(op, "backend", "auto") not in (None, "auto") or getattr(op, "scaled", False):
         return None  # an explicitly named backend wins over tuning
     n, k = static_int(w_spec.shape[0], params), static_int(w_spec.shape[1], params)
     entries = table.get((a_spec.dtype, n, k))
@@ -123,22 +124,69 @@ def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
     return run, "tuned:" + ",".join(sorted({e["backend"] for e in entries.values()}))
 
 
+def keyed_table(tuning: dict) -> dict:
+    """{(kind, dtype, signature less M): {M: backend entry}} for pointwise ops and scaled fp8
+    gemms (planner.cost.signature_key)."""
+    from planner.cost import TUNABLE_KINDS, split_signature
+    by_key: dict = {}
+    for sig, entry in (tuning.get("backends") or {}).items():
+        p = split_signature(sig)
+        if p is not None and (p[0] in TUNABLE_KINDS or (p[0] == "gemm" and ",sa=" in p[3])):
+            by_key.setdefault((p[0], p[1], p[3]), {})[p[2]] = entry
+    return by_key
+
+
+def tuned_keyed(op, specs, params, dims, table: dict, fallback, bctx):
+    """(runner, backend label) of a pointwise op or scaled gemm with tuned entries, or None:
+    the registry's implementation of the tuned backend per M; calls past the largest tuned M
+    run `fallback`."""
+    from planner.cost import TUNABLE_KINDS, signature_key
+
+    from .backends.registry import _REGISTRY
+    if not table or getattr(op, "backend", "auto") not in (None, "auto"):
+        return None  # an explicitly named backend wins over tuning
+    if op.op not in TUNABLE_KINDS and not (op.op == "gemm" and getattr(op, "scaled", False)):
+        return None
+    entries = table.get(signature_key(op, specs, {**params, **{d: 1 for d in dims}}))
+    if not entries:
+        return None
+    made = {}
+    for e in entries.values():
+        impl = _REGISTRY.get((op.op, e["backend"]))
+        if impl is None:
+            raise BuildError(f"tuning names backend '{e['backend']}' for {op.op}, which has none of that name")
+        if e["backend"] not in made:
+            made[e["backend"]] = impl.make(op, bctx)
+    ms = sorted(entries)
+    lut = [made[entries[next(x for x in ms if x >= mm)]["backend"]] for mm in range(ms[-1] + 1)]
+
+    def run(ins, b, out, lut=lut, orig=fallback):
+        m = ins[0].shape[0]
+        return orig(ins, b, out) if m >= len(lut) else lut[m](ins, b, out)
+    return run, "tuned:" + ",".join(sorted(made))
+
+
 def apply_tuning(ex, tuning) -> int:
-    """Re-lower the gemm steps of a built Executor with `tuning`'s backends (the tuner's
+    """Re-lower the tunable steps of a built Executor with `tuning`'s backends (the tuner's
     refinement loop); returns how many steps took a tuned runner. Fused gemm chains keep
     their kernel. build_executor does not call this: lowering builds tuned steps directly."""
-    table = gemm_table(load_tuning(tuning) if tuning is not None else {})
-    if not table:
+    from types import SimpleNamespace
+    data = load_tuning(tuning) if tuning is not None else {}
+    table, keyed = gemm_table(data), keyed_table(data)
+    if not table and not keyed:
         return 0
     params, g = ex.plan.params, ex.compiled.graph
+    bctx = SimpleNamespace(specs=ex._specs, params=params, device=ex.device)
     count = 0
     for st in ex._steps:
-        if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
+        if st.run is None or str(st.backend or "").startswith("cute:fused"):
             continue
         op = g.nodes[st.id]["op"]
-        a_spec, w_spec = (ex._specs[n] for n in op.inputs())
+        specs = [ex._specs[n] for n in op.inputs()]
         base = getattr(st, "base_run", None) or st.run
-        got = tuned_gemm(op, a_spec, w_spec, params, table, base)
+        got = tuned_keyed(op, specs, params, ex.plan.dims, keyed, base, bctx)
+        if got is None and st.kind == "gemm":
+            got = tuned_gemm(op, specs[0], specs[1], params, table, base)
         if got is None:
             continue
         st.run, st.backend = got

@@ -14,15 +14,23 @@ from pathlib import Path
 
 from .errors import PlanError
 from .expr import eval_int
-from .shapes import DTYPES
+from .shapes import DTYPES, FP8_DTYPES
 
-__all__ = ["DeviceProfile", "CostModel", "op_signature", "default_strided_write_factor"]
+__all__ = ["DeviceProfile", "CostModel", "op_signature", "split_signature", "signature_key", "TUNABLE_KINDS",
+           "default_strided_write_factor"]
+
+# memory-bound ops: (tensor-sized passes over the output relative to reading the inputs once);
+# the time is kernel_us + bytes read and written / HBM bandwidth
+POINTWISE = {"rmsnorm", "add_rmsnorm", "silu_and_mul", "gelu_and_mul", "mul", "rope", "quantize"}
+# op kinds `planner tune` times per signature (besides plain bf16 gemms)
+TUNABLE_KINDS = POINTWISE - {"mul"}
 
 
 @dataclass
 class DeviceProfile:
     name: str = "H200 (defaults)"
     bf16_tflops: float = 790.0       # dense bf16 matmul on random data
+    fp8_tflops: float = 1580.0       # dense fp8 matmul (twice bf16 on Hopper tensor cores)
     hbm_gbps: float = 4230.0         # streaming read bandwidth
     kernel_us: float = 1.0           # fixed cost of one small kernel in a graph (launch gap)
     gemm_fixed_us: float = 2.5       # extra fixed cost of a GEMM (tail, tiles not filling the GPU)
@@ -74,12 +82,66 @@ def default_strided_write_factor() -> float:
 
 
 def op_signature(op, specs_in, bindings) -> str:
-    """A key that identifies an op's work at given dims, used by tuning files."""
+    """A key that identifies an op's work at given dims, used by tuning files.
+
+    The one format: KIND:DTYPE:M=<rows>,<rest>, where M is the row count of the first input
+    (the token dim a tuning file is keyed by) and <rest> names everything else about the work:
+      gemm:bf16:M=16,N=2112,K=7168
+      gemm:fp8_e4m3:M=16,N=2112,K=7168,sa=block,sb=block,out=bf16      (scaled fp8)
+      rmsnorm:bf16:M=16,N=7168                silu_and_mul:bf16:M=16,N=2304 (input width)
+      add_rmsnorm:bf16:M=16,N=7168,inplace=1  quantize:bf16:M=16,N=7168,to=fp8_e4m3,g=128
+      rope:bf16:M=16,q=16x64,k=1x64,il=1      (heads x rotary dim; il = interleaved)
+    Other kinds: KIND:dtype[dims],dtype[dims] of their inputs."""
     dims = lambda s: "x".join(str(eval_int(d, bindings)) for d in s.shape)  # noqa: E731
-    if op.op == "gemm":
-        a, b = specs_in
-        return f"gemm:{a.dtype}:M={eval_int(a.shape[0], bindings)},N={eval_int(b.shape[0], bindings)},K={eval_int(b.shape[1], bindings)}"
-    return f"{op.op}:" + ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_in)
+    k = op.op
+    first = specs_in[0] if specs_in else None
+    m = eval_int(first.shape[0], bindings) if first is not None and first.rank else 0
+    width = lambda s: _prod(eval_int(d, bindings) for d in s.shape[1:])  # noqa: E731
+    if k == "gemm":
+        a, b = specs_in[:2]
+        sig = f"gemm:{a.dtype}:M={m},N={eval_int(b.shape[0], bindings)},K={eval_int(b.shape[1], bindings)}"
+        if getattr(op, "scaled", False):
+            from .ops_fp8 import scale_kind
+            sa = scale_kind("a", a.shape, specs_in[2].shape)
+            sb = scale_kind("b", b.shape, specs_in[3].shape)
+            sig += f",sa={sa},sb={sb},out={op.out_dtype or 'bf16'}"
+        return sig
+    if k in ("rmsnorm", "silu_and_mul", "gelu_and_mul", "mul"):
+        extra = ",tanh=1" if getattr(op, "approximate", "none") == "tanh" else ""
+        return f"{k}:{first.dtype}:M={m},N={width(first)}{extra}"
+    if k == "add_rmsnorm":
+        return f"{k}:{first.dtype}:M={m},N={width(first)},inplace={int(op.inplace)}"
+    if k == "quantize":
+        return f"{k}:{first.dtype}:M={m},N={width(first)},to={op.dtype},g={op.block[1]}"
+    if k == "rope":
+        q, kk = specs_in[:2]
+        hd = lambda s: "x".join(str(eval_int(d, bindings)) for d in (s.shape[1:] if s.rank == 3 else (1, s.shape[1])))  # noqa: E731
+        return f"rope:{q.dtype}:M={m},q={hd(q)},k={hd(kk)},il={int(op.interleave)}"
+    return f"{k}:" + ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_in)
+
+
+def split_signature(sig: str):
+    """(kind, dtype, M, rest) of a KIND:DTYPE:M=<m>,<rest> signature, else None."""
+    parts = sig.split(":", 2)
+    if len(parts) != 3 or not parts[2].startswith("M="):
+        return None
+    m, _, rest = parts[2][2:].partition(",")
+    if not m.isdigit():
+        return None
+    return parts[0], parts[1], int(m), rest
+
+
+def signature_key(op, specs_in, bindings) -> tuple | None:
+    """(kind, dtype, rest): an op's signature without its row count (what tuning entries share)."""
+    p = split_signature(op_signature(op, specs_in, bindings))
+    return None if p is None else (p[0], p[1], p[3])
+
+
+def _prod(it) -> int:
+    n = 1
+    for x in it:
+        n *= x
+    return n
 
 
 class CostModel:
@@ -103,18 +165,29 @@ class CostModel:
         if k == "extern":
             return float(op.cost_us or 0.0)
         if k == "gemm":
-            a, b = ins
+            a, b = ins[:2]
             m, n, kk = (eval_int(a.shape[0], bindings), eval_int(b.shape[0], bindings), eval_int(b.shape[1], bindings))
             if m == 0:
                 return 0.0
             flops = 2.0 * m * n * kk
-            moved = nbytes(a) + nbytes(b) + nbytes(outs[0])
-            return p.kernel_us + p.gemm_fixed_us + max(flops / (p.bf16_tflops * 1e6), moved / (p.hbm_gbps * 1e3))
-        if k in ("all_gather", "reduce_scatter", "all_reduce"):
+            moved = sum(nbytes(s) for s in ins) + nbytes(outs[0])  # scales included
+            rate = p.fp8_tflops if a.dtype in FP8_DTYPES else p.bf16_tflops
+            return p.kernel_us + p.gemm_fixed_us + max(flops / (rate * 1e6), moved / (p.hbm_gbps * 1e3))
+        if k in POINTWISE:
+            # one pass: read every input once, write every output once (rope reads only the
+            # cache rows of this call's positions: counted as q/k-sized, not the whole cache)
+            read = sum(nbytes(s) for s, n in zip(ins, op.inputs(), strict=True) if n != getattr(op, "cos_sin_cache", None))
+            written = sum(nbytes(s) for s in outs)
+            if _numel(ins[0], bindings) == 0:
+                return 0.0
+            return p.kernel_us + (read + written) / (p.hbm_gbps * 1e3)
+        if k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
             w = self.groups.get(op.group, 1)
             if w <= 1:
                 return p.kernel_us
-            if k == "all_gather":
+            if k == "all_to_all":  # every chunk but our own crosses the fabric
+                received = nbytes(ins[0]) * (w - 1) / w
+            elif k == "all_gather":
                 received = nbytes(outs[0]) * (w - 1) / w
             elif k == "reduce_scatter":
                 received = nbytes(ins[0]) * (w - 1) / w

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import Loc, PlanError, did_you_mean
 from .expr import ExprError, eval_int, fold, free_names, parse
-from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec
+from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec, unknown_dtype
 
 __all__ = ["InferCtx", "infer_all", "topo_order"]
 
@@ -46,8 +46,8 @@ class InferCtx:
     def dtype(self, name: str, field) -> str:
         name = DTYPE_ALIASES.get(name, name)
         if name not in DTYPES:
-            hint = did_you_mean(str(name), DTYPES)
-            raise _Fail(f"unknown dtype '{name}'" + (f" ({hint})" if hint else ""), field, "type")
+            msg, hint = unknown_dtype(name)
+            raise _Fail(msg + (f"; {hint}" if hint else ""), field, "type")
         return name
 
     def dim(self, value, field):
@@ -160,3 +160,34 @@ def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
                 raise PlanError.at(locs.get(op.id), "dup", f"tensor '{s.name}' is defined twice")
             s.producer = op.id
             tensors[s.name] = s
+
+
+def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
+    """Ops that overwrite inputs (add_rmsnorm inplace: true) must be their inputs' only readers:
+    no other op may read them or a view of them, and they must not be plan outputs."""
+    writers = [o for o in ops if getattr(o, "inplace", False) is True and o.op != "cat"]
+    if not writers:
+        return
+    written = {o.id for o in writers}
+
+    def root(n):  # the storage a name reads; an in-place result is a new value, not its input
+        seen = 0
+        while tensors[n].alias_of and tensors[n].producer not in written and seen < 64:
+            n, seen = tensors[n].alias_of, seen + 1
+        return n
+    readers: dict[str, list] = {}
+    for o in ops:
+        for n in set(o.inputs()):
+            if n in tensors:
+                readers.setdefault(root(n), []).append(o.id)
+    outs = {root(n) for n in outputs if n in tensors}
+    for o in writers:
+        for field in ("x", "residual"):
+            n = getattr(o, field)
+            loc = field_locs.get(o.id, {}).get(field) or locs.get(o.id)
+            others = [r for r in readers.get(n, []) if r != o.id]
+            if others:
+                raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', which '{others[0]}'"
+                                   " also reads; drop inplace or let this op be its last reader")
+            if n in outs:
+                raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', a plan output")

@@ -9,57 +9,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from .expr import Bin, Call, Num
-from .shapes import DTYPES, TensorSpec, fmt_dim, fmt_shape
+from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim
+from .opbase import lift as _lift
+from .opbase import norm_dim as _norm_dim
+from .opbase import out_spec as _out
+from .ops_fp8 import Quantize, check_scales
+from .ops_pointwise import AddRmsNorm, GeluAndMul, Mul, Rope, RmsNorm, SiluAndMul
+from .shapes import DTYPES, FP8_DTYPES, TensorSpec, fmt_dim, fmt_shape
 
-__all__ = ["OpBase", "Op", "OP_KINDS", "COLLECTIVES", "VIEW_OPS"]
+__all__ = ["OpBase", "Op", "OP_KINDS", "COLLECTIVES", "VIEW_OPS", "ARITH_OPS"]
 
-DimExpr = int | str
-Backend = Literal["auto", "torch", "cute", "flashinfer"]
-
-
-def _lift(d):
-    return Num(d) if isinstance(d, int) else d
-
-
-class OpBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
-
-    id: str = Field("", description="Unique op id; defaults to the first output's name.")
-    out: list[str] = Field(default_factory=list, description="Output tensor names ('_' discards).")
-    stream: str | None = Field(None, description="Pin the op to a stream; otherwise the planner decides.")
-    doc: str | None = Field(None, description="Free text shown in reports and pictures.")
-
-    def inputs(self) -> list[str]:
-        return []
-
-    def n_outputs(self) -> int:
-        return 1
-
-    def infer(self, ctx) -> list[TensorSpec]:  # pragma: no cover - every kind overrides
-        raise NotImplementedError
-
-    def attrs(self) -> dict:
-        """Op-specific fields (for reports, hashing and pictures)."""
-        skip = {"id", "out", "stream", "doc", "op"}
-        return {k: v for k, v in self.model_dump().items() if k not in skip and v not in (None, [], "")}
-
-    @property
-    def kind(self) -> str:
-        return self.op  # type: ignore[attr-defined]
+Reduce = Literal["sum", "avg", "max", "min"]
 
 
-def _norm_dim(ctx, spec: TensorSpec, dim: int, field: str = "dim") -> int:
-    r = spec.rank
-    if not -r <= dim < r:
-        ctx.fail(f"dim {dim} does not exist: '{spec.name}' has rank {r} {fmt_shape(spec.shape)}", field)
-    return dim % r
-
-
-def _out(self, ctx, shape, dtype, **kw) -> TensorSpec:
-    return TensorSpec(self.out[0] if self.out else self.id, tuple(shape), dtype, **kw)
+def _check_reduce(ctx, op, t):
+    if op.reduce == "avg" and t.dtype not in ("bf16", "fp16", "fp32"):
+        ctx.fail(f"reduce=avg needs a floating-point tensor; '{t.name}' is {t.dtype}", "reduce")
 
 
 # ---------------------------------------------------------------- collectives
@@ -90,7 +58,7 @@ class ReduceScatter(OpBase):
     x: str
     group: str
     dim: int = 0
-    reduce: Literal["sum", "max", "min"] = "sum"
+    reduce: Reduce = "sum"
     fused_from: list[str] = Field(default_factory=list)
 
     def inputs(self):
@@ -99,6 +67,7 @@ class ReduceScatter(OpBase):
     def infer(self, ctx):
         t = ctx.tensor(self.x, "x")
         size = ctx.group(self.group, "group")
+        _check_reduce(ctx, self, t)
         d = _norm_dim(ctx, t, self.dim)
         n = t.shape[d]
         if not ctx.probes.holds(lambda b: ctx.at(n, b) % size == 0):
@@ -114,7 +83,7 @@ class AllReduce(OpBase):
     op: Literal["all_reduce"]
     x: str
     group: str
-    reduce: Literal["sum", "max", "min"] = "sum"
+    reduce: Reduce = Field("sum", description="avg: NCCL's native average; sum / size on gloo.")
     fused_from: list[str] = Field(default_factory=list)
 
     def inputs(self):
@@ -123,21 +92,67 @@ class AllReduce(OpBase):
     def infer(self, ctx):
         t = ctx.tensor(self.x, "x")
         ctx.group(self.group, "group")
+        _check_reduce(ctx, self, t)
         return [_out(self, ctx, t.shape, t.dtype)]
+
+
+class AllToAll(OpBase):
+    """Expert-parallel exchange: `x` [size * splits, ...] holds one chunk of `splits` rows per rank of
+    `group`; chunk j goes to rank j and the result holds the chunk from every rank (rank-major).
+    `splits` is the per-peer capacity (a dim expression: static, or the worst case over dims, e.g.
+    num_tokens * topk). With `counts` (int [size]: rows actually used in each outgoing chunk) the
+    op also returns the counts each peer sent here. Never fused with other collectives."""
+    op: Literal["all_to_all"]
+    x: str
+    group: str
+    splits: DimExpr
+    counts: str | None = None
+
+    def inputs(self):
+        return [self.x] + ([self.counts] if self.counts else [])
+
+    def n_outputs(self):
+        return 2 if self.counts else 1
+
+    def infer(self, ctx):
+        t = ctx.tensor(self.x, "x")
+        size = ctx.group(self.group, "group")
+        cap = ctx.dim(self.splits, "splits")
+        if t.rank < 1 or not ctx.probes.equal(t.shape[0], mul_dim(ctx, cap, size)) and not (
+                size == 1 and ctx.probes.equal(t.shape[0], cap)):
+            ctx.fail(f"dim 0 of '{self.x}' is {fmt_dim(t.shape[0]) if t.rank else '-'} but {size} chunks of splits ="
+                     f" {fmt_dim(cap)} rows make {fmt_dim(mul_dim(ctx, cap, size))}", "splits")
+        outs = [_out(self, ctx, t.shape, t.dtype)]
+        if self.counts:
+            check_outs(self, ctx, 2)
+            c = ctx.tensor(self.counts, "counts")
+            if c.rank != 1 or not ctx.probes.equal(c.shape[0], size) or c.dtype not in ("int32", "int64"):
+                ctx.fail(f"counts '{self.counts}' must be int32/int64 [{size}] (rows per peer), got"
+                         f" {c.dtype}{fmt_shape(c.shape)}", "counts")
+            outs.append(_out(self, ctx, c.shape, c.dtype, 1))
+        return outs
 
 
 # ---------------------------------------------------------------- compute
 
 class Gemm(OpBase):
-    """out[M, N] = a[M, K] @ b[N, K]^T (b is a weight in nn.Linear layout)."""
+    """out[M, N] = a[M, K] @ b[N, K]^T (b is a weight in nn.Linear layout). fp8 operands take
+    fp32 scales (planner/ops_fp8.py: per tensor, per row/column, or DeepSeek-V3 blocks) and give
+    out_dtype (bf16 by default): out = (a * scale_a) @ (b * scale_b)^T."""
     op: Literal["gemm"]
     a: str
     b: str
     out_dtype: str | None = None
+    scale_a: str | None = Field(None, description="fp32 scales of a (fp8 only).")
+    scale_b: str | None = Field(None, description="fp32 scales of b (fp8 only).")
     backend: Backend = "auto"
 
     def inputs(self):
-        return [self.a, self.b]
+        return [self.a, self.b] + [s for s in (self.scale_a, self.scale_b) if s]
+
+    @property
+    def scaled(self) -> bool:
+        return self.scale_a is not None or self.scale_b is not None
 
     def infer(self, ctx):
         a, b = ctx.tensor(self.a, "a"), ctx.tensor(self.b, "b")
@@ -146,6 +161,12 @@ class Gemm(OpBase):
         if not ctx.probes.equal(a.shape[1], b.shape[1]):
             ctx.fail(f"K mismatch: '{self.a}' has K={fmt_dim(a.shape[1])} but '{self.b}' has K={fmt_dim(b.shape[1])}"
                      " (b is [N, K])", "b")
+        if self.scaled or a.dtype in FP8_DTYPES or b.dtype in FP8_DTYPES:
+            check_scales(ctx, self, a, b)
+            dt = ctx.dtype(self.out_dtype, "out_dtype") if self.out_dtype else "bf16"
+            if dt not in ("bf16", "fp16", "fp32"):
+                ctx.fail(f"an fp8 gemm gives bf16, fp16 or fp32, not {dt}", "out_dtype")
+            return [_out(self, ctx, (a.shape[0], b.shape[0]), dt)]
         if a.dtype != b.dtype:
             ctx.fail(f"dtype mismatch: '{self.a}' is {a.dtype} but '{self.b}' is {b.dtype}", "b")
         dt = ctx.dtype(self.out_dtype, "out_dtype") if self.out_dtype else a.dtype
@@ -171,22 +192,51 @@ class Add(OpBase):
 
 
 class Extern(OpBase):
-    """Opaque user code (the rest of a layer); bound to a callable at build time."""
+    """Opaque user code (the rest of a layer); bound to a callable at build time. One result
+    (`shape`, `dtype`) or several (`shapes`, `dtypes`: one entry per output name)."""
     op: Literal["extern"]
     fn: str
     args: list[str] = Field(default_factory=list)
-    shape: list[DimExpr]
+    shape: list[DimExpr] | None = None
     dtype: str = "bf16"
+    shapes: list[list[DimExpr]] | None = Field(None, description="One shape per result (several results).")
+    dtypes: list[str] | None = Field(None, description="One dtype per result (default: dtype for all).")
     cost_us: float | None = Field(None, description="Time estimate for the cost model.")
 
     def inputs(self):
         return list(self.args)
 
+    def n_outputs(self):
+        return len(self.shapes) if self.shapes is not None else 1
+
+    def result_specs(self) -> list[tuple[list, str]]:
+        """[(shape, dtype)] of every result, as written."""
+        if self.shapes is None:
+            return [(list(self.shape or []), self.dtype)]
+        dts = self.dtypes or [self.dtype] * len(self.shapes)
+        return list(zip(self.shapes, dts, strict=False))
+
     def infer(self, ctx):
         for i, a in enumerate(self.args):
             ctx.tensor(a, ("args", i))
-        shape = [ctx.dim(d, ("shape", i)) for i, d in enumerate(self.shape)]
-        return [_out(self, ctx, shape, ctx.dtype(self.dtype, "dtype"))]
+        if (self.shape is None) == (self.shapes is None):
+            ctx.fail("extern needs exactly one of shape= (one result) or shapes= (several)", "shape")
+        if self.shapes is not None:
+            if not self.shapes:
+                ctx.fail("shapes= needs at least one shape", "shapes")
+            if len(self.out) != len(self.shapes):
+                ctx.fail(f"shapes= declares {len(self.shapes)} results but {len(self.out)} output name(s) are given",
+                         "shapes")
+            if self.dtypes is not None and len(self.dtypes) != len(self.shapes):
+                ctx.fail(f"dtypes= has {len(self.dtypes)} entries but shapes= has {len(self.shapes)}", "dtypes")
+        elif self.dtypes is not None:
+            ctx.fail("dtypes= goes with shapes= (several results); one result takes dtype=", "dtypes")
+        outs = []
+        for j, (shp, dt) in enumerate(self.result_specs()):
+            f = "shape" if self.shapes is None else "shapes"
+            shape = [ctx.dim(d, (f, i)) for i, d in enumerate(shp)]
+            outs.append(_out(self, ctx, shape, ctx.dtype(dt, "dtypes" if self.dtypes else "dtype"), j))
+        return outs
 
 
 # ---------------------------------------------------------------- data movement
@@ -393,13 +443,18 @@ class Select(OpBase):
 
 
 Op = Annotated[
-    AllGather | ReduceScatter | AllReduce | Gemm | Add | Extern | Split | Cat | Slice | Pad | Shard | Copy | View | Select,
+    AllGather | ReduceScatter | AllReduce | AllToAll | Gemm | Add | Extern | Split | Cat | Slice | Pad | Shard | Copy
+    | View | Select | RmsNorm | AddRmsNorm | SiluAndMul | GeluAndMul | Mul | Rope | Quantize,
     Field(discriminator="op"),
 ]
 OP_MODELS = {m.model_fields["op"].annotation.__args__[0]: m for m in
-             (AllGather, ReduceScatter, AllReduce, Gemm, Add, Extern, Split, Cat, Slice, Pad, Shard, Copy, View, Select)}
+             (AllGather, ReduceScatter, AllReduce, AllToAll, Gemm, Add, Extern, Split, Cat, Slice, Pad, Shard, Copy,
+              View, Select, RmsNorm, AddRmsNorm, SiluAndMul, GeluAndMul, Mul, Rope, Quantize)}
 OP_KINDS = sorted(OP_MODELS)
 USER_OPS = [k for k in OP_KINDS if k != "select"]
-COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce"}
+COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
 VIEW_OPS = {"split", "slice", "view", "select"}
+# ops whose results are computed (compared with a tolerance by `planner run --check`)
+ARITH_OPS = {"gemm", "add", "reduce_scatter", "all_reduce", "rmsnorm", "add_rmsnorm", "silu_and_mul",
+             "gelu_and_mul", "mul", "rope", "quantize"}
 ELEMENT_BYTES = DTYPES

@@ -12,13 +12,26 @@ from dataclasses import dataclass, field
 
 from .expr import Expr, ExprError, eval_int, unparse
 
-__all__ = ["DTYPES", "TensorSpec", "Probes", "fmt_dim", "fmt_shape", "numel_at", "nbytes_at"]
+__all__ = ["DTYPES", "FP8_DTYPES", "TensorSpec", "Probes", "fmt_dim", "fmt_shape", "numel_at", "nbytes_at",
+           "unknown_dtype"]
 
-DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
+# element bytes; fp8_e4m3 is OCP e4m3fn (max 448, no inf), fp8_e5m2 the OCP e5m2 format
+DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4, "int32": 4, "int64": 8, "int8": 1, "uint8": 1,
+          "fp8_e4m3": 1, "fp8_e5m2": 1}
+FP8_DTYPES = {"fp8_e4m3", "fp8_e5m2"}
 DTYPE_ALIASES = {
     "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
-    "int": "int32",
+    "int": "int32", "float8_e4m3fn": "fp8_e4m3", "e4m3": "fp8_e4m3", "float8_e5m2": "fp8_e5m2", "e5m2": "fp8_e5m2",
 }
+
+
+def unknown_dtype(name) -> tuple[str, str]:
+    """(message, hint) for a dtype that is not one of ours: the valid ones, and the closest."""
+    import difflib
+    got = difflib.get_close_matches(str(name).lower(), list(DTYPES) + list(DTYPE_ALIASES), n=1, cutoff=0.5)
+    c = DTYPE_ALIASES.get(got[0], got[0]) if got else None
+    msg = f"unknown dtype {str(name)!r} (valid: {', '.join(DTYPES)})"
+    return msg, (f"did you mean '{c}'?" if c else "")
 
 Dim = int | Expr
 

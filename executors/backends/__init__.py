@@ -3,8 +3,10 @@
 The one list of backend modules is the import in _load() below; each registers its implementations
 into executors.backends.registry when first loaded (before the first lookup), and none
 imports a GPU library until a capability check or a run needs it.
-  torch_ops  every op kind, on CPU and GPU (the fallback)
-  gemm       CuTe DSL skinny GEMMs (executors.cute) and FlashInfer mm_bf16
+  torch_ops  every op kind, on CPU and GPU (the fallback), with torch_fp8 (scaled gemms,
+             quantize; inductor quantize) and torch_pointwise (norms, activations, mul, rope)
+  gemm       CuTe DSL skinny GEMMs (executors.cute, bf16 and fp8) and FlashInfer mm_bf16 / fp8 GEMMs
+  flashinfer_ops  FlashInfer norms, activations, rope and per-token-group fp8 quantize
   add        the CuTe DSL strided add (writes into packed slots)
   p2p        the symmetric-memory all-gather for CUDA graphs
 """
@@ -22,7 +24,7 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import add, gemm, p2p, torch_ops  # noqa: F401  - each registers itself
+        from . import add, flashinfer_ops, gemm, p2p, torch_fp8, torch_ops, torch_pointwise  # noqa: F401
 
 
 def backends_for(kind: str) -> list[str]:

@@ -31,16 +31,58 @@ def _all_gather(op, bctx):
     return lambda ins, b, out: comm.all_gather(ins[0], dim, out)
 
 
+def _native_avg(comm) -> bool:
+    """NCCL has ReduceOp.AVG; gloo does not (there avg is sum / size, one rounding more)."""
+    if comm.pg is None:
+        return True
+    import torch.distributed as dist
+    return str(dist.get_backend(comm.pg)) == "nccl"
+
+
+def _reducing(comm, red, call):
+    if red != "avg" or comm.size == 1 or _native_avg(comm):
+        return call(red)
+    size = comm.size
+
+    def emulated():
+        r = call("sum")
+        return r.div_(size)
+    return emulated()
+
+
 @register("reduce_scatter", "torch")
 def _reduce_scatter(op, bctx):
     comm, dim, red = bctx.comm(op.group), op.dim, op.reduce
-    return lambda ins, b, out: comm.reduce_scatter(ins[0], dim, red, out)
+    return lambda ins, b, out: _reducing(comm, red, lambda r: comm.reduce_scatter(ins[0], dim, r, out))
 
 
 @register("all_reduce", "torch")
 def _all_reduce(op, bctx):
     comm, red = bctx.comm(op.group), op.reduce
-    return lambda ins, b, out: comm.all_reduce(ins[0], red, out)
+    return lambda ins, b, out: _reducing(comm, red, lambda r: comm.all_reduce(ins[0], r, out))
+
+
+@register("all_to_all", "torch")
+def _all_to_all(op, bctx):
+    # equal chunks of `splits` rows per peer: one all_to_all_single, graph-capturable (no host
+    # sync on the counts); the counts travel in a second, tiny exchange
+    comm = bctx.comm(op.group)
+
+    def exchange(x):
+        if comm.size == 1:
+            return x.clone()
+        import torch.distributed as dist
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        dist.all_to_all_single(y, x, group=comm.pg)  # gloo and NCCL both have the flat form
+        return y
+
+    def run(ins, b, out):
+        y = exchange(ins[0])
+        if op.counts:
+            return [y, exchange(ins[1])]
+        return _into(out, y)
+    return run
 
 
 # ---------------------------------------------------------------- compute
@@ -58,6 +100,9 @@ def gemm_torch(a, w, out_dtype, out=None):
 
 @register("gemm", "torch")
 def _gemm(op, bctx):
+    if op.scaled:
+        from .torch_fp8 import make_gemm_fp8
+        return make_gemm_fp8(op, [bctx.specs[n] for n in op.inputs()])
     dt = torch_dtype(op.out_dtype or bctx.specs[op.a].dtype)
     return lambda ins, b, out: gemm_torch(ins[0], ins[1], dt, out)
 
@@ -71,22 +116,40 @@ def _add(op, bctx):
     return run
 
 
+def _check_result(op, r, want, dt, what=""):
+    if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != dt:
+        got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, torch.Tensor) else type(r).__name__
+        raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}{what}; the plan declares {want} {dt}")
+
+
 @register("extern", "torch")
 def _extern(op, bctx):
     fn = bctx.extern(op.fn)
-    shape = shape_fn(op.shape, bctx.params)
-    dt = torch_dtype(op.dtype)
-    name = op.id
+    results = op.result_specs()
+    shapes = [shape_fn(s, bctx.params) for s, _ in results]
+    dts = [torch_dtype(d) for _, d in results]
     wants_shape = getattr(fn, "wants_shape", False)
+    if op.shapes is None:
+        shape, dt = shapes[0], dts[0]
 
-    def run(ins, b, out):
-        want = shape(b)
-        r = fn(*ins, out_shape=want, dtype=dt) if wants_shape else fn(*ins)
-        if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != dt:
-            got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, torch.Tensor) else type(r).__name__
-            raise RuntimeError(f"extern '{op.fn}' (op '{name}') returned {got}; the plan declares {want} {dt}")
-        return _into(out, r)
-    return run
+        def run(ins, b, out):
+            want = shape(b)
+            r = fn(*ins, out_shape=want, dtype=dt) if wants_shape else fn(*ins)
+            _check_result(op, r, want, dt)
+            return _into(out, r)
+        return run
+    n = len(results)
+
+    def run_many(ins, b, out):
+        wants = [s(b) for s in shapes]
+        r = fn(*ins, out_shapes=wants, dtypes=dts) if wants_shape else fn(*ins)
+        if not isinstance(r, (tuple, list)) or len(r) != n:
+            got = f"{len(r)} results" if isinstance(r, (tuple, list)) else type(r).__name__
+            raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}; the plan declares {n} results")
+        for i, (t, want, dt) in enumerate(zip(r, wants, dts, strict=True)):
+            _check_result(op, t, want, dt, f" as result {i}")
+        return list(r)
+    return run_many
 
 
 # ---------------------------------------------------------------- data movement

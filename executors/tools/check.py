@@ -17,6 +17,7 @@ import networkx as nx
 import torch
 
 from planner.graph import build_graph
+from planner.ops import ARITH_OPS
 
 from ..dtypes import torch_dtype
 from ..lowering import build_executor, default_schedule
@@ -24,8 +25,10 @@ from .externs import default_externs
 
 __all__ = ["make_data", "pick_dims", "run_check", "compile_for_run", "ARITH_KINDS", "TOLERANCE"]
 
-ARITH_KINDS = {"gemm", "add", "reduce_scatter", "all_reduce"}
-TOLERANCE = {"bf16": (2e-2, 2e-2), "fp16": (5e-3, 5e-3), "fp32": (1e-4, 1e-4)}
+ARITH_KINDS = ARITH_OPS
+# fp8 outputs (quantize) are compared as their fp32 values: one e4m3 step is 2^-3 relative
+TOLERANCE = {"bf16": (2e-2, 2e-2), "fp16": (5e-3, 5e-3), "fp32": (1e-4, 1e-4),
+             "fp8_e4m3": (0.125, 1e-2), "fp8_e5m2": (0.25, 1e-2)}
 
 
 def pick_dims(plan, num_tokens: int | None, seed: int) -> dict:
@@ -57,8 +60,8 @@ def make_data(plan, bindings: dict, seed: int, rank: int, device) -> tuple[dict,
                 t = torch.randn(shape, generator=g)
                 if out is weights and len(shape) == 2 and shape[1] > 0:
                     t = t / shape[1] ** 0.5
-            else:
-                t = torch.randint(-8, 8, shape, generator=g)
+            else:  # non-negative: int inputs are positions, ids or counts
+                t = torch.randint(0, 8, shape, generator=g)
             out[n] = t.to(dt).to(device)
     return inputs, weights
 

@@ -14,7 +14,10 @@ inputs are reproducible and checkable; real deployments pass externs=.
 
 Stand-ins are marked `wants_shape`: the executor calls them with the declared
 output shape and dtype of the site (fn(*args, out_shape=..., dtype=...)), so one
-name can serve sites of different shapes.
+name can serve sites of different shapes. A site with several results
+(`a, b: extern(fn, x, shapes=[...], dtypes=[...])`) calls fn(*args, out_shapes=[...],
+dtypes=[...]) and gets one tensor per result: result i mixes the inputs with the
+coefficients rotated by i, so the results differ from each other.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def default_extern(name: str):
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     coeffs = ((torch.rand(64, generator=gen) + 0.5) * torch.where(torch.rand(64, generator=gen) > 0.5, 1.0, -1.0)).tolist()
 
-    def fn(*args, out_shape, dtype):
+    def one(args, out_shape, dtype, salt=0):
         n = 1
         for d in out_shape:
             n *= d
@@ -45,11 +48,18 @@ def default_extern(name: str):
                 if idx is None:
                     idx = torch.arange(n, device=dev)
                 flat = flat[idx % flat.numel()]
-            mix += coeffs[i % 64] * flat
+            mix += coeffs[(i + salt) % 64] * flat
         y = mix.view(tuple(out_shape))
+        if not dtype.is_floating_point:  # e.g. expert ids or counts: small non-negative ints
+            return (y.abs() * 4).floor().remainder(8).to(dtype)
         if y.dim() >= 1 and y.shape[-1] > 0:
             y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
         return y.to(dtype)
+
+    def fn(*args, out_shape=None, dtype=None, out_shapes=None, dtypes=None):
+        if out_shapes is not None:
+            return [one(args, s, d, salt=j * 7) for j, (s, d) in enumerate(zip(out_shapes, dtypes, strict=True))]
+        return one(args, out_shape, dtype)
     fn.wants_shape = True
     fn.__name__ = f"standin_{name}"
     fn.__doc__ = f"deterministic stand-in for extern '{name}' (executors.tools.externs)"

@@ -93,6 +93,8 @@ def tunable_shapes(ex) -> set:
         if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
             continue
         op = g.nodes[st.id]["op"]
+        if getattr(op, "scaled", False):
+            continue
         a_spec, w_spec = (ex._specs[n] for n in op.inputs())
         out.add((a_spec.dtype, static_int(w_spec.shape[0], ex.plan.params), static_int(w_spec.shape[1], ex.plan.params)))
     return out

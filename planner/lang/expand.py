@@ -22,10 +22,15 @@ RESERVED = {"for", "ops", "op", "region", "variants", "outputs", "when", "name"}
 MAX_OPS = 2_000_000
 
 T, TL, S, INT, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
+DLL, SL, B = "dim lists", "symbols", "bool"
 FIELD_KINDS = {
     "x": T, "a": T, "b": T, "xs": TL, "args": TL, "group": S, "dim": INT, "reduce": S,
     "out_dtype": S, "backend": S, "dtype": S, "fn": S, "sizes": DL, "start": D, "stop": D,
     "multiple": D, "shape": DL, "cost_us": F, "stream": S, "id": S, "doc": STR,
+    # fp8, norms, activations, rope, all_to_all, several extern results
+    "scale_a": T, "scale_b": T, "w": T, "residual": T, "eps": F, "inplace": B, "approximate": S,
+    "q": T, "k": T, "positions": T, "cos_sin_cache": T, "interleave": B, "block": DL,
+    "splits": D, "counts": T, "shapes": DLL, "dtypes": SL,
 }
 POSITIONAL = {
     "all_gather": ["x", "group", "dim"], "reduce_scatter": ["x", "group", "dim"],
@@ -33,6 +38,9 @@ POSITIONAL = {
     "split": ["x", "sizes", "dim"], "cat": ["xs", "dim"], "slice": ["x", "dim", "start", "stop"],
     "pad": ["x", "multiple", "dim"], "shard": ["x", "group", "dim"], "copy": ["x"],
     "view": ["x", "shape"], "extern": ["fn", "*args"],
+    "all_to_all": ["x", "group"], "rmsnorm": ["x", "w", "eps"], "add_rmsnorm": ["x", "residual", "w", "eps"],
+    "silu_and_mul": ["x"], "gelu_and_mul": ["x"], "mul": ["a", "b"],
+    "rope": ["q", "k", "positions", "cos_sin_cache"], "quantize": ["x", "dtype"],
 }
 _INTERP = re.compile(r"\{([^{}]*)\}")
 _FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
@@ -415,7 +423,7 @@ class Expander:
         for k, v in ast.kwargs:
             if k in kw:
                 raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' given twice")
-            if k not in model.model_fields or k in ("out", "op", "fused_from", "inplace"):
+            if k not in model.model_fields or k in ("out", "op", "fused_from") or (k == "inplace" and ast.fn == "cat"):
                 raise PlanError.at(loc.shift(v.pos), "schema", f"{ast.fn} has no argument '{k}'",
                                    did_you_mean(k, [f for f in model.model_fields if f not in ("out", "op")]))
             kw[k] = v
@@ -489,9 +497,27 @@ class Expander:
                 raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be an integer")
             return r
         if fk == F:
+            from ..expr import Str
             if isinstance(v, Num):
                 return float(v.value)
-            raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be a number")
+            if isinstance(v, Str):  # expressions have no float literals: eps='1e-6'
+                try:
+                    return float(v.value)
+                except ValueError:
+                    pass
+            raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be a number (quote a fraction: {k}='1e-6')")
+        if fk == B:
+            if isinstance(v, Name) and v.id in ("true", "false"):
+                return v.id == "true"
+            raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be true or false")
+        if fk == SL:
+            if isinstance(v, ListE) and all(isinstance(x, Name) for x in v.items):
+                return [x.id for x in v.items]
+            raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a list of names like [bf16, fp32]")
+        if fk == DLL:
+            if isinstance(v, ListE) and all(isinstance(x, ListE) for x in v.items):
+                return [[self.dim_text(y) for y in x.items] for x in v.items]
+            raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a list of shapes like [[num_tokens, 8], [4]]")
         if fk == DL:
             if isinstance(v, ListE):
                 return [self.dim_text(x) for x in v.items]

@@ -13,11 +13,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..errors import Diagnostic, Loc, PlanError, did_you_mean
 from ..expr import ExprError, evaluate, fold, free_names, parse, unparse
-from ..infer import infer_all
+from ..infer import check_inplace, infer_all
 from ..ir import DimSpec, Plan, Region, Variant
 from ..ops import COLLECTIVES, Op
 from ..predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
-from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec
+from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, unknown_dtype
 from .document import load_tree
 from .expand import Expander
 from .yamlsrc import Source
@@ -204,7 +204,8 @@ def _tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> Te
     dtype = spec.get("dtype")
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
-        raise PlanError.at(loc, "type", f"tensor '{name}' has unknown dtype {dtype!r}", did_you_mean(str(dtype), DTYPES))
+        msg, hint = unknown_dtype(dtype)
+        raise PlanError.at(loc, "type", f"tensor '{name}': {msg}", hint or None)
     shape = spec.get("shape")
     try:
         items = parse(shape).items if isinstance(shape, str) else [parse(str(x)) for x in shape]
@@ -338,6 +339,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         if o not in tensors:
             raise PlanError.at(root_src.loc(("outputs", i)), "name", f"output '{o}' is never produced",
                                did_you_mean(o, tensors))
+    check_inplace(ops, tensors, outputs, locs, field_locs)
     regions = _regions(ex, params, dims, tuned, tensors, ops, op_ctx)
     return Plan(
         name=root.plan, file=root_src.file, params=params, dims=dims, groups=groups, tuned=tuned,

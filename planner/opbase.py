@@ -1,0 +1,81 @@
+"""The base of every op model and the helpers their inference shares.
+
+planner/ops.py (collectives, gemm, data movement), planner/ops_pointwise.py (norms,
+activations, rope) and planner/ops_fp8.py (quantize, scale layouts) build on it;
+planner/ops.py holds the discriminated union of them all.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .expr import Bin, Num
+from .shapes import TensorSpec, fmt_dim, fmt_shape
+
+__all__ = ["OpBase", "DimExpr", "Backend", "lift", "norm_dim", "out_spec", "same_shape"]
+
+DimExpr = int | str
+# what an op's `backend:` may name; "inductor" is torch.compile of the torch reference
+Backend = Literal["auto", "torch", "cute", "flashinfer", "inductor"]
+
+
+def lift(d):
+    return Num(d) if isinstance(d, int) else d
+
+
+class OpBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    id: str = Field("", description="Unique op id; defaults to the first output's name.")
+    out: list[str] = Field(default_factory=list, description="Output tensor names ('_' discards).")
+    stream: str | None = Field(None, description="Pin the op to a stream; otherwise the planner decides.")
+    doc: str | None = Field(None, description="Free text shown in reports and pictures.")
+
+    def inputs(self) -> list[str]:
+        return []
+
+    def n_outputs(self) -> int:
+        return 1
+
+    def infer(self, ctx) -> list[TensorSpec]:  # pragma: no cover - every kind overrides
+        raise NotImplementedError
+
+    def attrs(self) -> dict:
+        """Op-specific fields (for reports, hashing and pictures)."""
+        skip = {"id", "out", "stream", "doc", "op"}
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v not in (None, [], "")}
+
+    @property
+    def kind(self) -> str:
+        return self.op  # type: ignore[attr-defined]
+
+
+def norm_dim(ctx, spec: TensorSpec, dim: int, field: str = "dim") -> int:
+    r = spec.rank
+    if not -r <= dim < r:
+        ctx.fail(f"dim {dim} does not exist: '{spec.name}' has rank {r} {fmt_shape(spec.shape)}", field)
+    return dim % r
+
+
+def out_spec(self, ctx, shape, dtype, i: int = 0, **kw) -> TensorSpec:
+    """The i-th output's spec (named by `out`, or the op id for a lone unnamed output)."""
+    return TensorSpec(self.out[i] if len(self.out) > i else self.id, tuple(shape), dtype, **kw)
+
+
+def same_shape(ctx, a: TensorSpec, b: TensorSpec) -> bool:
+    return a.rank == b.rank and all(ctx.probes.equal(x, y) for x, y in zip(a.shape, b.shape, strict=True))
+
+
+def mul_dim(ctx, d, k: int):
+    return d * k if isinstance(d, int) else ctx.simplify(Bin("*", lift(d), Num(k)))
+
+
+def check_outs(self, ctx, n: int) -> None:
+    if len(self.out) != n:
+        ctx.fail(f"{self.op} makes {n} tensors but {len(self.out)} output name(s) are given", "out")
+
+
+def fmt(d) -> str:
+    return fmt_dim(d)
