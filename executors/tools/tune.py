@@ -1,4 +1,5 @@
-"""Autotuning: time every eligible GEMM backend/config and every region variant per dim bucket.
+"""Autotuning: time every eligible GEMM backend/config and every region variant per dim bucket
+(norms, activations, rope, quantize and scaled fp8 gemms: executors/tools/tune_ops.py).
 
     planner tune PLAN [--set k=v] [-o tuning.json] [--max-configs N] [--iters 20 --trials 5]
 
@@ -472,6 +473,8 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
                 alternatives[sig] = next((b, c) for b, c in cands if cand_label(b, c) == lab2)
         log(f"[tune] ({i + 1}/{len(sigs)}) {sig}: {len(ok)}/{len(cands)} candidates; best {best} {ok[best]:.2f} us"
             f" (torch {ok.get('torch', float('nan')):.2f} us) [{time.time() - t0:.0f}s]")
+    from .tune_ops import tune_keyed  # norms, activations, rope, quantize, scaled fp8 gemms
+    tune_keyed(cp, dim, bks, res, device=device, iters=iters, trials=trials, nsets=nsets, log=log)
     if variants and plan.regions:
         res["variants"] = time_variants(lambda p: compile_plan(p), load, res, dim, bks, iters=iters,
                                         trials=trials, nsets=nsets, log=log, dev=device,

@@ -1,7 +1,7 @@
 """fuse-collectives: merge independent collectives into packed buckets.
 
 Pre: dce ran. Post: collectives of the same kind, process group, dim, dtype,
-reduction and variant context with no path between them, within the byte cap,
+reduction (sum and avg never merge) and variant context with no path between them, within the byte cap,
 and whose merge does not delay any member past its slack on the critical path,
 are replaced by   pack (cat) -> one collective -> unpack (split into the
 original output names). Readers are unchanged. Every rank compiles the same
@@ -11,6 +11,11 @@ order.
 Zero-copy packing: a member whose producer can write into a strided slot
 (gemm, add, copy) gets `out_slot` and is not copied by the pack; members made by
 opaque code or given as plan inputs are copied. The report says which and why.
+
+all_to_all is never fused: packing two exchanges along dim 0 would interleave their
+per-peer chunks (peer j must get chunk j of each member, contiguous in its own buffer),
+so a packed exchange needs a per-peer re-layout that costs what it saves. The report
+lists each all_to_all with that reason.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ..shapes import DTYPES
 
 NAME = "fuse-collectives"
 INPLACE_WRITERS = {"gemm", "add", "copy"}
+FUSABLE = COLLECTIVES - {"all_to_all"}
 # tensor-sized passes an elementwise producer makes (add: read a, read b, write out); a GEMM
 # writes its tiles with a row stride at no extra cost, an elementwise kernel into a strided
 # slot does not vectorize (profile.strided_write_factor)
@@ -79,9 +85,13 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     index = {o.id: i for i, o in enumerate(plan.ops)}
     order = list(nx.lexicographical_topological_sort(g, key=lambda v: (index.get(v, 1 << 60), v)))
     pos = {v: i for i, v in enumerate(order)}
-    cands = [v for v in order if g.nodes[v]["op"].op in COLLECTIVES]
+    cands = [v for v in order if g.nodes[v]["op"].op in FUSABLE]
     report = {"before": len(cands), "after": len(cands), "buckets": [], "not_fused": []}
     cp.report[NAME] = report
+    for v in order:
+        if g.nodes[v]["op"].op == "all_to_all":
+            report["not_fused"].append({"ops": [v, "any collective"],
+                                        "reason": "all_to_all is never fused (per-peer chunks would interleave)"})
     if len(cands) < 2:
         return cp, False
 
