@@ -101,9 +101,8 @@ def op_signature(op, specs_in, bindings) -> str:
         a, b = specs_in[:2]
         sig = f"gemm:{a.dtype}:M={m},N={eval_int(b.shape[0], bindings)},K={eval_int(b.shape[1], bindings)}"
         if getattr(op, "scaled", False):
-            from .ops_fp8 import scale_kind
-            sa = scale_kind("a", a.shape, specs_in[2].shape)
-            sb = scale_kind("b", b.shape, specs_in[3].shape)
+            from .ops_fp8 import pair_kinds
+            sa, sb = pair_kinds(a.shape, b.shape, specs_in[2].shape, specs_in[3].shape)
             sig += f",sa={sa},sb={sb},out={op.out_dtype or 'bf16'}"
         return sig
     if k in ("rmsnorm", "silu_and_mul", "gelu_and_mul", "mul"):

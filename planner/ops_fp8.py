@@ -20,7 +20,7 @@ from .expr import Call, Num
 from .opbase import OpBase, check_outs, lift, out_spec
 from .shapes import FP8_DTYPES, fmt_dim, fmt_shape
 
-__all__ = ["BLOCK", "FP8_MAX", "scale_kind", "expected_scales", "check_scales", "Quantize"]
+__all__ = ["BLOCK", "FP8_MAX", "scale_kind", "pair_kinds", "expected_scales", "check_scales", "Quantize"]
 
 BLOCK = 128
 FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -32,7 +32,7 @@ def _cdiv(ctx, d, k: int):
     return ctx.simplify(Call("ceil_div", (lift(d), Num(k))))
 
 
-def scale_kind(role: str, operand_shape, scale_shape, eq=None) -> str | None:
+def scale_kind(role: str, operand_shape, scale_shape, eq=None, prefer_block: bool = False) -> str | None:
     """'tensor' | 'row' | 'col' | 'block' for a scale of `scale_shape` on an operand [rows, K]
     (role 'a' or 'b'), or None when it fits none. `eq` compares dims (default ==)."""
     eq = eq or (lambda x, y: x == y)
@@ -43,6 +43,8 @@ def scale_kind(role: str, operand_shape, scale_shape, eq=None) -> str | None:
         return "tensor"
     if len(s) != 2:
         return None
+    if role == "a" and prefer_block and eq(s[0], rows) and eq(s[1], cdiv(k)):
+        return "block"
     if eq(s[0], rows) and eq(s[1], 1):
         return "row" if role == "a" else "col"
     if role == "a" and eq(s[0], rows) and eq(s[1], cdiv(k)):
@@ -50,6 +52,16 @@ def scale_kind(role: str, operand_shape, scale_shape, eq=None) -> str | None:
     if role == "b" and eq(s[0], cdiv(rows)) and eq(s[1], cdiv(k)):
         return "block"
     return None
+
+
+def pair_kinds(a_shape, b_shape, sa_shape, sb_shape, eq=None) -> tuple:
+    """(kind of scale_a, kind of scale_b). With K <= 128 a per-row a scale is also one 1x128 block
+    per row; it is read as a block scale when b has block scales (the two are the same numbers)."""
+    kb = scale_kind("b", b_shape, sb_shape, eq)
+    ka = scale_kind("a", a_shape, sa_shape, eq)
+    if ka == "row" and kb == "block" and scale_kind("a", a_shape, sa_shape, eq, prefer_block=True) == "block":
+        ka = "block"
+    return ka, kb
 
 
 def expected_scales(ctx, role: str, operand) -> str:
@@ -70,18 +82,16 @@ def check_scales(ctx, op, a, b) -> tuple[str, str]:
         missing = "scale_a" if op.scale_a is None else "scale_b"
         ctx.fail(f"an fp8 gemm needs both scale_a and scale_b ({missing} is missing; a unit scale is fp32[1])",
                  "scale_b" if op.scale_a else "scale_a")
-    kinds = []
+    specs = {}
     for role, operand, sname in (("a", a, op.scale_a), ("b", b, op.scale_b)):
         f = f"scale_{role}"
-        s = ctx.tensor(sname, f)
+        s = specs[role] = ctx.tensor(sname, f)
         if s.dtype != "fp32":
             ctx.fail(f"{f} '{sname}' is {s.dtype}; scales are fp32", f)
-        kind = scale_kind(role, operand.shape, s.shape, ctx.probes.equal)
-        if kind is None:
+        if scale_kind(role, operand.shape, s.shape, ctx.probes.equal) is None:
             ctx.fail(f"{f} '{sname}' is {fmt_shape(s.shape)}, which does not fit the blocks of '{operand.name}'"
                      f" {fmt_shape(operand.shape)}: expected {expected_scales(ctx, role, operand)}", f)
-        kinds.append(kind)
-    ka, kb = kinds
+    ka, kb = pair_kinds(a.shape, b.shape, specs["a"].shape, specs["b"].shape, ctx.probes.equal)
     if (ka == "block") != (kb == "block"):
         ctx.fail(f"scale_a is {ka} but scale_b is {kb}: block scales pair with block scales"
                  " (1x128 activations with 128x128 weights)", "scale_b")

@@ -83,10 +83,12 @@ class AddRmsNorm(OpBase):
                 if t.producer is None:
                     ctx.fail(f"inplace: '{name}' is a plan {t.kind}; only values the plan makes can be"
                              " overwritten", f)
-                if t.alias_of is not None or not t.contiguous:
+                if (t.alias_of is not None and not t.meta.get("inplace")) or not t.contiguous:
                     ctx.fail(f"inplace: '{name}' is a view of '{t.alias_of}'; writing it would change that"
                              " tensor too", f)
-            alias = [{"alias_of": self.x}, {"alias_of": self.residual}]
+            # the results live in the inputs' memory: new values there, not views of them
+            alias = [{"alias_of": self.x, "meta": {"inplace": True}},
+                     {"alias_of": self.residual, "meta": {"inplace": True}}]
         return [out_spec(self, ctx, x.shape, x.dtype, 0, **(alias[0] if alias else {})),
                 out_spec(self, ctx, x.shape, x.dtype, 1, **(alias[1] if alias else {}))]
 

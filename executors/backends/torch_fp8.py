@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from planner.ops_fp8 import BLOCK, FP8_MAX, scale_kind
+from planner.ops_fp8 import BLOCK, FP8_MAX, pair_kinds
 
 from ..dtypes import torch_dtype
 from .registry import register
@@ -22,7 +22,7 @@ __all__ = ["dequantize", "gemm_fp8_reference", "gemm_fp8_scaled_mm", "quantize_r
 def kinds_of(op, specs) -> tuple[str, str]:
     """The (a, b) scale kinds of a scaled gemm from its input specs (validated at load)."""
     a, b, sa, sb = specs[:4]
-    return scale_kind("a", a.shape, sa.shape), scale_kind("b", b.shape, sb.shape)
+    return pair_kinds(a.shape, b.shape, sa.shape, sb.shape)
 
 
 def dequantize(q, scale, kind: str):
@@ -31,9 +31,9 @@ def dequantize(q, scale, kind: str):
     s = scale.float()
     if kind == "tensor":
         return x * s.reshape(())
-    if kind in ("row", "col"):
-        return x * s.reshape(-1, 1)
     rows, k = x.shape
+    if kind in ("row", "col") or (kind == "block" and tuple(s.shape) == (rows, 1) and k <= BLOCK):
+        return x * s.reshape(-1, 1)
     s = s.repeat_interleave(BLOCK, dim=1)[:, :k]
     if s.shape[0] != rows:  # 128x128 weight blocks: expand the rows too
         s = s.repeat_interleave(BLOCK, dim=0)[:rows]

@@ -155,6 +155,9 @@ class _Builder:
             for line in _wrap("absorbed: " + ", ".join(fused), 44):
                 rows.append(f'<FONT POINT-SIZE="9"><I>{_esc(line)}</I></FONT>')
         inplace = getattr(op, "inplace", None)
+        if inplace is True:  # add_rmsnorm: its results overwrite its inputs
+            inplace = None
+            rows.append(f'<FONT POINT-SIZE="9"><I>{_esc("overwrites " + op.x + ", " + op.residual)}</I></FONT>')
         if inplace:
             for line in _wrap("written in place: " + ", ".join(inplace), 44):
                 rows.append(f'<FONT POINT-SIZE="9"><I>{_esc(line)}</I></FONT>')
