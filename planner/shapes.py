@@ -28,7 +28,11 @@ DTYPE_ALIASES = {
 def unknown_dtype(name) -> tuple[str, str]:
     """(message, hint) for a dtype that is not one of ours: the valid ones, and the closest."""
     import difflib
-    got = difflib.get_close_matches(str(name).lower(), list(DTYPES) + list(DTYPE_ALIASES), n=1, cutoff=0.5)
+    low = str(name).lower()
+    if low.startswith(("fp8", "float8", "f8", "e4m3", "e5m2")):  # some fp8: e5m2 if it says so, else e4m3
+        got = ["fp8_e5m2" if "e5" in low or "m2" in low else "fp8_e4m3"]
+    else:
+        got = difflib.get_close_matches(low, list(DTYPES) + list(DTYPE_ALIASES), n=1, cutoff=0.5)
     c = DTYPE_ALIASES.get(got[0], got[0]) if got else None
     msg = f"unknown dtype {str(name)!r} (valid: {', '.join(DTYPES)})"
     return msg, (f"did you mean '{c}'?" if c else "")

@@ -1,0 +1,159 @@
+"""Shape/dtype inference of the fp8, norm, activation, rope, all_to_all and multi-result ops,
+and the located errors each one gives for misuse."""
+
+import re
+
+import pytest
+
+from planner.shapes import fmt_shape
+from tests.planutil import error, load
+
+H = """
+plan: t
+params:
+  hidden: 256
+  tp_size: 2
+dims:
+  num_tokens: 1..16
+groups:
+  tp: tp_size
+inputs:
+  x: bf16[num_tokens, hidden]
+  r: bf16[num_tokens, hidden]
+  xi: int32[num_tokens, 8]
+  pos: int64[num_tokens]
+  xq: fp8_e4m3[num_tokens, hidden]
+  sx_blk: fp32[num_tokens, 2]
+  sx_row: fp32[num_tokens, 1]
+  cnt: int32[2]
+weights:
+  wn: bf16[hidden]
+  wq: fp8_e4m3[384, hidden]
+  sw_blk: fp32[3, 2]
+  sw_col: fp32[384, 1]
+  s1: fp32[1]
+  w16: bf16[384, hidden]
+  cache: fp32[64, 32]
+  q: bf16[num_tokens, 4, 32]
+  k: bf16[num_tokens, 32]
+"""
+
+
+def shape(plan, name):
+    t = plan.tensors[name]
+    return fmt_shape(t.shape) + " " + t.dtype
+
+
+@pytest.mark.parametrize("body, name, want", [
+    ("y: rmsnorm(x, wn)", "y", "[num_tokens, 256] bf16"),
+    ("y: rmsnorm(x, wn, eps='1e-5')", "y", "[num_tokens, 256] bf16"),
+    ("y, z: add_rmsnorm(x, r, wn)", "z", "[num_tokens, 256] bf16"),
+    ("y: silu_and_mul(x)", "y", "[num_tokens, 128] bf16"),
+    ("y: gelu_and_mul(x, approximate=tanh)", "y", "[num_tokens, 128] bf16"),
+    ("y: mul(x, x[:, :1])", "y", "[num_tokens, 256] bf16"),
+    ("y, z: rope(q, k, pos, cache, interleave=true)", "y", "[num_tokens, 4, 32] bf16"),
+    ("y, z: rope(q, k, pos, cache)", "z", "[num_tokens, 32] bf16"),
+    ("y, s: quantize(x, fp8_e4m3, block=[1, 128])", "y", "[num_tokens, 256] fp8_e4m3"),
+    ("y, s: quantize(x, fp8_e4m3, block=[1, 128])", "s", "[num_tokens, 2] fp32"),
+    ("y, s: quantize(x, fp8_e5m2, block=[1, 256])", "s", "[num_tokens, 1] fp32"),
+    ("y: gemm(xq, wq, scale_a=sx_blk, scale_b=sw_blk)", "y", "[num_tokens, 384] bf16"),
+    ("y: gemm(xq, wq, scale_a=sx_row, scale_b=sw_col, out_dtype=fp32)", "y", "[num_tokens, 384] fp32"),
+    ("y: gemm(xq, wq, scale_a=s1, scale_b=s1, out_dtype=fp16)", "y", "[num_tokens, 384] fp16"),
+    ("y: gemm(xq, wq, scale_a=sx_row, scale_b=s1)", "y", "[num_tokens, 384] bf16"),
+    ("y: all_to_all(x, tp, splits=num_tokens)", None, None),
+    ("y: all_to_all(cat(x, x, dim=0), tp, splits=num_tokens)", "y", "[num_tokens + num_tokens, 256] bf16"),
+    ("y, c: all_to_all(cat(x, x, dim=0), tp, splits=num_tokens, counts=cnt)", "c", "[2] int32"),
+    ("y: all_reduce(x, tp, reduce=avg)", "y", "[num_tokens, 256] bf16"),
+    ("y: reduce_scatter(x, tp, dim=1, reduce=avg)", "y", "[num_tokens, 128] bf16"),
+    ("a, b: extern(f, x, shapes=[[num_tokens, 8], [4]], dtypes=[fp32, int32])", "a", "[num_tokens, 8] fp32"),
+    ("a, b: extern(f, x, shapes=[[num_tokens, 8], [4]], dtypes=[fp32, int32])", "b", "[4] int32"),
+    ("a, b: extern(f, x, shapes=[[num_tokens, 8], [4]])", "b", "[4] bf16"),
+])
+def test_infer(tmp_path, body, name, want):
+    out = name or "y"
+    text = f"outputs: [{out}]\nops:\n  - {body}\n"
+    if name is None:  # x has num_tokens rows, the 2 chunks of splits=num_tokens need 2 * num_tokens
+        err = error(tmp_path, text, H)
+        assert "2 chunks of splits = num_tokens" in str(err)
+        return
+    assert shape(load(tmp_path, text, H), name) == want
+
+
+@pytest.mark.parametrize("body, field, msg", [
+    ("y: rmsnorm(x, q)", "q", "must be [256]"),
+    ("y: rmsnorm(xi, wn)", "xi", "needs a bf16, fp16 or fp32 input"),
+    ("y, z: add_rmsnorm(x, k, wn)", "k", "shape mismatch"),
+    ("y: add_rmsnorm(x, r, wn)", "add_rmsnorm", "makes 2 tensors but 1 output name"),
+    ("y: silu_and_mul(x[:, :3])", "x[", "must be even"),
+    ("y: mul(x, k)", "k", "does not broadcast"),
+    ("y, z: rope(q, k, pos, wn)", "wn", "cos_sin_cache 'wn' must be fp32 [max_pos, 32]"),
+    ("y, z: rope(q, k, xi, cache)", "xi", "positions 'xi' must be int32/int64 [tokens]"),
+    ("y, z: rope(q, x, pos, cache)", "x,", "head dims differ"),
+    ("y, s: quantize(x, fp8_e4m3, block=[1, 100])", "[1, 100]", "group size 100 does not divide K = 256"),
+    ("y, s: quantize(x, bf16)", "bf16", "quantize makes fp8"),
+    ("y: gemm(xq, wq, scale_a=sx_blk, scale_b=sw_col)", "sw_col", "block scales pair with block scales"),
+    ("y: gemm(xq, wq, scale_a=sx_blk, scale_b=s1[:1])", "s1[", None),
+    ("y: gemm(xq, wq, scale_a=sx_blk, scale_b=sx_blk)", "sx_blk)",
+     "scale_b 'sx_blk' is [num_tokens, 2], which does not fit the blocks of 'wq' [384, 256]: expected [1] (per tensor),"
+     " [384, 1] (per column) or [3, 2] (128x128 blocks)"),
+    ("y: gemm(xq, wq, scale_a=sw_blk, scale_b=sw_blk)", "sw_blk,",
+     "expected [1] (per tensor), [num_tokens, 1] (per row) or [num_tokens, 2] (1x128 blocks)"),
+    ("y: gemm(xq, wq, scale_a=sx_blk)", "gemm", "needs both scale_a and scale_b"),
+    ("y: gemm(x, w16, scale_a=s1, scale_b=s1)", "x,", "need fp8 operands; 'x' is bf16"),
+    ("y: gemm(xq, wq, scale_a=s1, scale_b=s1, out_dtype=fp8_e4m3)", "fp8_e4m3)", "gives bf16, fp16 or fp32"),
+    ("y: gemm(xq, wq, scale_a=cnt, scale_b=s1)", "cnt", "scales are fp32"),
+    ("y: all_reduce(xi, tp, reduce=avg)", "avg", "reduce=avg needs a floating-point tensor"),
+    ("y, c: all_to_all(cat(x, x, dim=0), tp, splits=num_tokens, counts=pos)", "pos", "must be int32/int64 [2]"),
+    ("a, b: extern(f, x, shapes=[[4], [4], [4]])", "shapes", "declares 3 results but 2 output name"),
+    ("a, b: extern(f, x, shape=[4], shapes=[[4], [4]])", "shape=", "exactly one of shape="),
+    ("a, b: extern(f, x, shapes=[[4], [4]], dtypes=[fp32])", "dtypes", "dtypes= has 1 entries"),
+    ("a, b: extern(f, x, shapes=[[4], [4]], dtypes=[fp32, fp9])", "dtypes", "unknown dtype 'fp9'"),
+])
+def test_misuse_is_a_located_error(tmp_path, body, field, msg):
+    text = f"outputs: [{body.split(':')[0].split(',')[0]}]\nops:\n  - {body}\n"
+    err = error(tmp_path, text, H)
+    s = str(err)
+    if msg:
+        assert msg in s, s
+    m = re.search(r"plan\.yaml:(\d+):(\d+):", s)
+    assert m, s
+    line, col = int(m.group(1)), int(m.group(2))
+    src = (tmp_path / "plan.yaml").read_text().splitlines()[line - 1]
+    assert line == len(H.strip().splitlines()) + 3  # the op's own line
+    assert src[col - 1:].startswith(field) or field in ("gemm", "add_rmsnorm", "shapes", "dtypes", "shape="), (src, col)
+
+
+def test_inplace_needs_sole_reader_and_made_values(tmp_path):
+    base = "outputs: [y, z]\nops:\n  - a: copy(x)\n  - b: copy(r)\n"
+    ok = load(tmp_path, base + "  - y, z: add_rmsnorm(a, b, wn, inplace=true)\n", H)
+    assert ok.tensors["y"].alias_of == "a" and ok.tensors["z"].alias_of == "b"
+    # chained in-place norms: an in-place result may be overwritten again
+    ok2 = load(tmp_path, "outputs: [y2, z2]\nops:\n  - a: copy(x)\n  - b: copy(r)\n"
+               "  - y, z: add_rmsnorm(a, b, wn, inplace=true)\n  - o: copy(y)\n"
+               "  - y2, z2: add_rmsnorm(o, z, wn, inplace=true)\n", H)
+    assert ok2.tensors["z2"].alias_of == "z"
+    e = error(tmp_path, base + "  - y, z: add_rmsnorm(a, b, wn, inplace=true)\n  - w: add(a, a)\n"
+              "outputs: [y, w]\n".replace("outputs: [y, w]\n", ""), H)
+    assert "inplace overwrites 'a', which 'w' also reads" in str(e)
+    e = error(tmp_path, "outputs: [y]\nops:\n  - y, z: add_rmsnorm(x, r, wn, inplace=true)\n", H)
+    assert "'x' is a plan input; only values the plan makes can be overwritten" in str(e)
+    e = error(tmp_path, "outputs: [y, a]\nops:\n  - a: copy(x)\n  - b: copy(r)\n"
+              "  - y, z: add_rmsnorm(a, b, wn, inplace=true)\n", H)
+    assert "overwrites 'a', a plan output" in str(e)
+    e = error(tmp_path, "outputs: [y]\nops:\n  - a: copy(x)\n  - b: copy(r)\n"
+              "  - y, z: add_rmsnorm(a[:, :256], b, wn, inplace=true)\n", H)
+    assert "is a view of 'a'" in str(e)
+
+
+@pytest.mark.parametrize("dtype, hint", [("fp8", "fp8_e4m3"), ("bfloat61", "bf16"), ("e4m3fn", "fp8_e4m3"),
+                                         ("float8_e5m2", None)])
+def test_unknown_dtype_lists_valid_ones_and_suggests(tmp_path, dtype, hint):
+    head = H.replace("x: bf16[num_tokens, hidden]", f"x: {dtype}[num_tokens, hidden]")
+    if hint is None:  # an alias: accepted
+        assert load(tmp_path, "outputs: [y]\nops:\n  - y: copy(x)\n", head).tensors["x"].dtype == "fp8_e5m2"
+        return
+    s = str(error(tmp_path, "outputs: [y]\nops:\n  - y: copy(x)\n", head))
+    assert "valid: bf16, fp16, fp32, int32, int64, int8, uint8, fp8_e4m3, fp8_e5m2" in s
+    assert f"did you mean '{hint}'?" in s
+    s = str(error(tmp_path, f"outputs: [y]\nops:\n  - y: copy(x, dtype={dtype})\n", H))
+    assert "valid: bf16" in s and f"did you mean '{hint}'?" in s
