@@ -157,3 +157,25 @@ def test_unknown_dtype_lists_valid_ones_and_suggests(tmp_path, dtype, hint):
     assert f"did you mean '{hint}'?" in s
     s = str(error(tmp_path, f"outputs: [y]\nops:\n  - y: copy(x, dtype={dtype})\n", H))
     assert "valid: bf16" in s and f"did you mean '{hint}'?" in s
+
+
+def test_cost_model_prices_pointwise_ops_as_bytes_over_bandwidth(tmp_path):
+    from planner.cost import CostModel, DeviceProfile, op_signature, split_signature
+    plan = load(tmp_path, "outputs: [y, z, g, qq]\nops:\n  - y: rmsnorm(x, wn)\n  - z, _: add_rmsnorm(x, r, wn)\n"
+                "  - g: gemm(xq, wq, scale_a=sx_blk, scale_b=sw_blk)\n  - qq, _: rope(q, k, pos, cache)\n", H)
+    p = DeviceProfile()
+    model = CostModel(p, plan.groups)
+    ops = {o.id: o for o in plan.ops}
+    b = {"num_tokens": 8}
+    us = model.op_us(ops["y"], plan.tensors, b)
+    assert us == pytest.approx(p.kernel_us + (8 * 256 * 2 * 2 + 256 * 2) / (p.hbm_gbps * 1e3))
+    us2 = model.op_us(ops["z"], plan.tensors, b)   # reads x, r, w; writes two tensors
+    assert us2 == pytest.approx(p.kernel_us + (8 * 256 * 2 * 4 + 256 * 2) / (p.hbm_gbps * 1e3))
+    g = ops["g"]
+    specs = [plan.tensors[n] for n in g.inputs()]
+    assert op_signature(g, specs, b) == "gemm:fp8_e4m3:M=8,N=384,K=256,sa=block,sb=block,out=bf16"
+    assert split_signature(op_signature(g, specs, b)) == ("gemm", "fp8_e4m3", 8, "N=384,K=256,sa=block,sb=block,out=bf16")
+    moved = 8 * 256 + 384 * 256 + 8 * 2 * 4 + 3 * 2 * 4 + 8 * 384 * 2   # fp8 operands, fp32 scales, bf16 out
+    assert model.op_us(g, plan.tensors, b) == pytest.approx(p.kernel_us + p.gemm_fixed_us + moved / (p.hbm_gbps * 1e3))
+    rope = ops["qq"]
+    assert op_signature(rope, [plan.tensors[n] for n in rope.inputs()], b) == "rope:bf16:M=8,q=4x32,k=1x32,il=0"

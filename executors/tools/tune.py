@@ -136,7 +136,7 @@ def gemm_candidates(m: int, n: int, k: int, max_configs: int = 24, flashinfer: b
         except Exception:  # noqa: BLE001
             ok = False
         if ok:
-            from .gemm_backends import FLASHINFER_SUBS
+            from ..backends.gemm import FLASHINFER_SUBS
             major, minor = torch.cuda.get_device_capability()
             cc = major * 10 + minor
             for sub, need in FLASHINFER_SUBS.items():
