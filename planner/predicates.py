@@ -191,7 +191,8 @@ def _const(e) -> bool:
 # ---------------------------------------------------------------- closures
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int32": "int32",
-                 "int64": "int64", "int8": "int8", "uint8": "uint8"}
+                 "int64": "int64", "int8": "int8", "uint8": "uint8", "fp8_e4m3": "float8_e4m3fn",
+                 "fp8_e5m2": "float8_e5m2"}
 _REVERSE = {v: k for k, v in _TORCH_DTYPES.items()}
 
 

@@ -179,3 +179,26 @@ def test_cost_model_prices_pointwise_ops_as_bytes_over_bandwidth(tmp_path):
     assert model.op_us(g, plan.tensors, b) == pytest.approx(p.kernel_us + p.gemm_fixed_us + moved / (p.hbm_gbps * 1e3))
     rope = ops["qq"]
     assert op_signature(rope, [plan.tensors[n] for n in rope.inputs()], b) == "rope:bf16:M=8,q=4x32,k=1x32,il=0"
+
+
+def test_gate_reads_fp8_dtypes(tmp_path):
+    import torch
+
+    from planner.predicates import _tensor_dtype
+    assert _tensor_dtype(torch.empty(1, dtype=torch.float8_e4m3fn)) == "fp8_e4m3"
+    assert _tensor_dtype(torch.empty(1, dtype=torch.float8_e5m2)) == "fp8_e5m2"
+    plan = load(tmp_path, """
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: fp8
+        when: dtype(xq) == fp8_e4m3
+        ops:
+          y: copy(xq)
+      - name: other
+        ops:
+          y: copy(xq)
+""", H)
+    assert plan.regions["r"].variants[0].when_src == "dtype(xq) == fp8_e4m3"
