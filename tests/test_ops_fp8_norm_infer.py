@@ -200,5 +200,12 @@ ops:
       - name: other
         ops:
           y: copy(xq)
-""", H)
+""", H.replace("tp_size: 2", "tp_size: 1"))
     assert plan.regions["r"].variants[0].when_src == "dtype(xq) == fp8_e4m3"
+    from executors.lowering import build_executor
+    from executors.tools.check import make_data
+    from planner.pipeline import compile_plan
+    ins, w = make_data(plan, {"num_tokens": 3}, 0, 0, "cpu")
+    ex = build_executor(compile_plan(plan), w, device="cpu")
+    ex(dims={"num_tokens": 3}, **ins)
+    assert ex.last_variants == {"r": "fp8"}

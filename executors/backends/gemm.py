@@ -195,6 +195,10 @@ def _fi_fp8_check(kinds_ok, min_cc, max_cc=None, e4m3_only=True):
         kinds = _fp8_kinds(op, specs)
         if kinds not in kinds_ok:
             return f"scale kinds {kinds[0]} x {kinds[1]} (takes {', '.join('x'.join(k) for k in kinds_ok)})"
+        n, k = w.shape
+        if kinds == ("block", "block") and not (isinstance(n, int) and isinstance(k, int) and n % 128 == 0
+                                                and k % 128 == 0):
+            return f"block kernels need N and K multiples of 128 (N={n}, K={k})"
         if (op.out_dtype or "bf16") != "bf16":
             return f"out_dtype {op.out_dtype} (bf16 only)"
         major, minor = torch.cuda.get_device_capability()

@@ -40,14 +40,10 @@ def _native_avg(comm) -> bool:
 
 
 def _reducing(comm, red, call):
+    """call(reduce) with avg emulated as sum / size where the backend has no AVG (gloo)."""
     if red != "avg" or comm.size == 1 or _native_avg(comm):
         return call(red)
-    size = comm.size
-
-    def emulated():
-        r = call("sum")
-        return r.div_(size)
-    return emulated()
+    return call("sum").div_(comm.size)
 
 
 @register("reduce_scatter", "torch")
