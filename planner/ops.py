@@ -17,7 +17,7 @@ from .opbase import lift as _lift
 from .opbase import norm_dim as _norm_dim
 from .opbase import out_spec as _out
 from .ops_fp8 import Quantize, check_scales
-from .ops_pointwise import AddRmsNorm, GeluAndMul, Mul, Rope, RmsNorm, SiluAndMul
+from .ops_pointwise import AddRmsNorm, GeluAndMul, Mul, RmsNorm, Rope, SiluAndMul
 from .shapes import DTYPES, FP8_DTYPES, TensorSpec, fmt_dim, fmt_shape
 
 __all__ = ["OpBase", "Op", "OP_KINDS", "COLLECTIVES", "VIEW_OPS", "ARITH_OPS"]
