@@ -50,3 +50,16 @@ def test_draws(tmp_path, capsys):
     assert main(["viz", str(PLAN), "-o", str(dot)]) == 0
     text = dot.read_text()
     assert "add_rmsnorm" in text and "rope" in text and "overwrites" in text and "x58" in text
+
+
+def test_ep_moe_plan_dispatch_and_combine_on_two_ranks(capsys):
+    ep = PLANS / "dsv3_moe_ep8.yaml"
+    plan = load_plan(ep)
+    assert Counter(o.op for o in plan.ops)["all_to_all"] == 3
+    assert plan.tensors["recv"].dtype == "fp8_e4m3" and plan.tensors["recv_counts"].shape == (8,)
+    cp = compile_plan(load_plan(ep))
+    assert cp.report["fuse-collectives"]["after"] == 3     # never fused
+    args = ["--set", "ep_size=2", "--set", "hidden=256", "--set", "n_routed=16", "--set", "topk=2",
+            "--set", "max_tokens=16", "--set", "cap=8"]
+    assert main(["run", str(ep), *args, "--world-size", "2", "--check", "--num-tokens", "6"]) == 0
+    assert "result: OK (1 outputs x 2 rank(s))" in capsys.readouterr().out

@@ -86,10 +86,10 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     order = list(nx.lexicographical_topological_sort(g, key=lambda v: (index.get(v, 1 << 60), v)))
     pos = {v: i for i, v in enumerate(order)}
     cands = [v for v in order if g.nodes[v]["op"].op in FUSABLE]
-    report = {"before": len(cands), "after": len(cands), "buckets": [], "not_fused": []}
+    a2a = [v for v in order if g.nodes[v]["op"].op == "all_to_all"]
+    report = {"before": len(cands) + len(a2a), "after": len(cands) + len(a2a), "buckets": [], "not_fused": []}
     cp.report[NAME] = report
-    for v in order:
-        if g.nodes[v]["op"].op == "all_to_all":
+    for v in a2a:
             report["not_fused"].append({"ops": [v, "any collective"],
                                         "reason": "all_to_all is never fused (per-peer chunks would interleave)"})
     if len(cands) < 2:
