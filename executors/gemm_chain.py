@@ -22,6 +22,8 @@ def _chain_of(cp, steps_by_id, st_b):
     """(step A, fa_col) if st_b is the second gemm of a gemm -> split -> gemm chain."""
     g = cp.graph
     op_b = g.nodes[st_b.id]["op"]
+    if op_b.scaled:  # the fused KDA kernel is bf16 only
+        return None
     fa = cp.tensors.get(op_b.a)
     if fa is None or fa.producer is None or g.nodes[fa.producer]["op"].op != "split":
         return None
@@ -32,7 +34,7 @@ def _chain_of(cp, steps_by_id, st_b):
     st_a = steps_by_id[src.producer]
     op_a = g.nodes[st_a.id]["op"]
     widths = [cp.tensors[o].shape[-1] for o in sp.out]
-    if op_a.op != "gemm" or sp.dim % 2 != 1 or not all(isinstance(w, int) for w in widths):
+    if op_a.op != "gemm" or op_a.scaled or sp.dim % 2 != 1 or not all(isinstance(w, int) for w in widths):
         return None
     if st_a.stream != st_b.stream or st_a.guard != st_b.guard or st_a.slot is not None:
         return None

@@ -62,7 +62,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    import importlib.util
+
     from executors.tools.tune_ops import op_candidates, time_op
+    if importlib.util.find_spec("flashinfer") is None:  # then torch is the only candidate
+        print("NOTE: flashinfer is not importable here: torch is the only candidate, every choice is torch"
+              " (stage flashinfer to compare its kernels)", flush=True)
     rows, bad = [], 0
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     print(f"{'op':<14}{'M':>6}  {'choice':<12}{'candidates (us)':<40}{'torch us':>10}{'chosen us':>11}{'torch/chosen':>14}")

@@ -227,3 +227,28 @@ def test_tune_dry_run_records_keyed_ops_and_applies_them(plan_path):
     for op_id in ("h", "xq", "y", "act", "qr"):
         assert ex.backends[op_id] == "tuned:torch", ex.backends
     assert set(ex(dims={"num_tokens": 5}, **ins)) == set(plan.outputs)
+
+
+def test_tuned_backend_replaces_torch_up_to_the_tuned_m(plan_path, monkeypatch):
+    """A tuning entry naming another registered backend rewires the step for M <= its bucket."""
+    from executors.backends import registry
+    from executors.backends.torch_pointwise import rmsnorm_ref
+
+    def make(op, bctx):  # a stand-in "kernel": torch's result, tagged by a sign flip
+        return lambda ins, b, out: -rmsnorm_ref(ins[0], ins[1], op.eps)
+    monkeypatch.setitem(registry._REGISTRY, ("rmsnorm", "other"), registry.Impl("rmsnorm", "other", make,
+                                                                                  lambda op, s, d: None))
+    plan = load_plan(plan_path)
+    tuning = {"limits": {}, "backends": {"rmsnorm:bf16:M=4,N=256": {"backend": "other", "config": None}},
+              "measured": {}, "variants": {}}
+    ex = build_executor(compile_plan(plan), make_data(plan, {"num_tokens": 4}, 0, 0, "cpu")[1],
+                        externs=default_externs(plan), tuning=tuning, device="cpu")
+    ref = build_executor(compile_plan(load_plan(plan_path)), make_data(plan, {"num_tokens": 4}, 0, 0, "cpu")[1],
+                         externs=default_externs(plan), device="cpu")
+    norm = next(v for v in ex.backends if v.startswith("gu.a"))
+    assert ex.backends[norm] == "tuned:other"
+    for m, flipped in ((3, True), (4, True), (9, False)):
+        ins = make_data(plan, {"num_tokens": m}, 1, 0, "cpu")[0]
+        got = ex(dims={"num_tokens": m}, **ins)["act"]
+        want = ref(dims={"num_tokens": m}, **ins)["act"]
+        assert torch.equal(got, want) != flipped, m
