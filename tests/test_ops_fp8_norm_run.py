@@ -252,3 +252,47 @@ def test_tuned_backend_replaces_torch_up_to_the_tuned_m(plan_path, monkeypatch):
         got = ex(dims={"num_tokens": m}, **ins)["act"]
         want = ref(dims={"num_tokens": m}, **ins)["act"]
         assert torch.equal(got, want) != flipped, m
+
+
+def test_cute_fp8_registration_against_its_api(plan_path, monkeypatch):
+    """executors/cute/fp8.py (supports_fp8 / gemm_fp8) stood in by a module with that API: the
+    capability check passes its answer through, the runner takes the kernel where it says yes
+    and the torch implementation elsewhere (an explicit backend=cute gets an error instead)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from executors import cute
+    from executors.backends.gemm import _cute_gemm, _cute_supports
+    calls = []
+    fake = types.ModuleType("executors.cute.fp8")
+    fake.__spec__ = importlib.machinery.ModuleSpec("executors.cute.fp8", None)
+
+    def supports_fp8(m_max, n, k, ka, kb, device):
+        return None if m_max <= 8 and (ka, kb) == ("block", "block") else f"M={m_max} or {ka}x{kb}"
+
+    def gemm_fp8(x, w, sa, sb, out=None, out_dtype=torch.bfloat16):
+        calls.append(x.shape[0])
+        return gemm_fp8_reference(x, w, sa, sb, "block", "block", out_dtype, out)
+    fake.supports_fp8, fake.gemm_fp8 = supports_fp8, gemm_fp8
+    monkeypatch.setitem(sys.modules, "executors.cute.fp8", fake)
+    monkeypatch.setattr(cute, "fp8", fake, raising=False)
+    monkeypatch.setattr(cute, "available", lambda: True)
+    plan = load_plan(plan_path)
+    cp = compile_plan(plan)
+    op = cp.graph.nodes["y"]["op"]
+    specs = [cp.tensors[n] for n in op.inputs()]
+    assert _cute_supports(op, specs, "cuda") is None
+    tensor_op = cp.graph.nodes["yt"]["op"]
+    assert _cute_supports(tensor_op, [cp.tensors[n] for n in tensor_op.inputs()], "cuda") == "M=1 or rowxtensor"
+    from types import SimpleNamespace
+    run = _cute_gemm(op, SimpleNamespace(specs=cp.tensors, params=plan.params))
+    for m in (4, 12):
+        ins, w = make_data(plan, {"num_tokens": m}, 2, 0, "cpu")
+        xq, sx = quantize_reference(torch.randn(m, 256).bfloat16(), torch.float8_e4m3fn, 128)
+        got = run([xq, w["wq"], sx, w["sq"]], {}, None)
+        assert torch.equal(got, gemm_fp8_reference(xq, w["wq"], sx, w["sq"], "block", "block", torch.bfloat16))
+    assert calls == [4]  # M = 12 is past what the kernel said it takes: torch ran it
+    explicit = _cute_gemm(op.model_copy(update={"backend": "cute"}), SimpleNamespace(specs=cp.tensors, params={}))
+    with pytest.raises(RuntimeError, match="backend cute cannot run this fp8 gemm"):
+        explicit([xq, w["wq"], sx, w["sq"]], {}, None)

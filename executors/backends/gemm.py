@@ -155,7 +155,7 @@ def _cute_fp8_supports(op, specs, device):
         return f"out_dtype {op.out_dtype} (bf16 only)"
     from ..cute import fp8 as cute_fp8
     ka, kb = _fp8_kinds(op, specs)
-    return cute_fp8.supports_fp8(1, n, k, ka, kb, torch.device("cuda", torch.cuda.current_device()))
+    return cute_fp8.supports_fp8(1, n, k, ka, kb, torch.device("cuda"))
 
 
 def _cute_fp8_make(op, bctx):
