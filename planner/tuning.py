@@ -153,7 +153,8 @@ def gemm_shapes(plan) -> set:
     for op in plan.ops:
         if op.op != "gemm":
             continue
-        a, w = (plan.tensors[n] for n in op.inputs())
+        ins = op.inputs()  # a scaled gemm also reads its scales
+        a, w = plan.tensors[ins[0]], plan.tensors[ins[1]]
         try:
             out.add((a.dtype, int(eval_int(w.shape[0], plan.params)), int(eval_int(w.shape[1], plan.params))))
         except Exception:  # noqa: BLE001 - a symbolic weight dim: no static signature to match
