@@ -28,6 +28,7 @@ import json
 import re
 from pathlib import Path
 
+from .cost import TUNABLE_KINDS, split_signature
 from .errors import PlanError
 
 __all__ = ["FORMAT_KEYS", "ALL_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
@@ -82,8 +83,11 @@ def validate_tuning(data, where: str = "tuning") -> dict:
         bad = set(v) - {"backend", "config"}
         if bad:
             raise ValueError(f"{where}: backends['{k}'] has unknown key '{sorted(bad)[0]}' (backend, config)")
-        if parse_signature(k) is None:
-            raise ValueError(f"{where}: backends key '{k}' is not a gemm signature like 'gemm:bf16:M=8,N=6144,K=7168'")
+        sig = split_signature(k)
+        if sig is None or (sig[0] != "gemm" and sig[0] not in TUNABLE_KINDS) or (sig[0] == "gemm" and parse_signature(k)
+                                                                                is None and ",sa=" not in sig[3]):
+            raise ValueError(f"{where}: backends key '{k}' is not an op signature like 'gemm:bf16:M=8,N=6144,K=7168'"
+                             f" or 'rmsnorm:bf16:M=16,N=7168'")
     return data
 
 
