@@ -74,6 +74,12 @@ class Executor:
         # the torch custom ops of this executor (executors.custom_op.register_ops, from build_executor)
         self._op = self._op_out = self._op_spec = None
         self.op_layout_copies = 0
+        # the guards of each event's recording op: a wait whose event was not recorded in this
+        # call is skipped only when its recorder was a variant that did not run (derive-events
+        # waits on every variant's producer of a region output); anything else is a planner bug
+        g = cp.graph
+        self._rec_guard = {e: tuple(tuple(x) for x in g.nodes[i["op"]]["ctx"])
+                           for e, i in cp.events.items() if i.get("op") in g}
 
     # ------------------------------------------------------------ facts and variants
 
@@ -145,15 +151,13 @@ class Executor:
         cuda = self._cuda
         tracing = self._tracing
         recs = [] if tracing else None
+        recorded = {"entry"}
         if cuda:
             main = torch.cuda.current_stream(self.device)
             capturing = facts.capturing
-            recorded = set()
             started: dict[str, object] = {}
             ev = self._events
-            if "entry" in ev:
-                ev["entry"].record(main)
-                recorded.add("entry")
+            ev["entry"].record(main)
         for st in self._steps:
             if st.guard:
                 skip = False
@@ -180,19 +184,25 @@ class Executor:
                 out = self._packed(st.packed_out, env, b)
             ins = [env[n] for n in st.ins]
             if not cuda:
+                for w in st.waits:  # the same bookkeeping as on a GPU, so CPU runs prove it too
+                    if w not in recorded:
+                        self._unrecorded(st.id, w, chosen)
                 t0 = time.perf_counter() if tracing else 0.0
                 res = st.run(ins, b, out)
                 if tracing:
                     recs.append((st, t0, time.perf_counter()))
+                recorded.update(st.records)
             else:
                 s = main if st.stream == MAIN else side_stream(st.stream, self.device)
                 if s is not main and st.stream not in started:
                     started[st.stream] = st
                     if not any(w in recorded for w in st.waits):
-                        s.wait_event(ev["entry"] if "entry" in recorded else self._entry(main, recorded))
+                        s.wait_event(ev["entry"])
                 for w in st.waits:
                     if w in recorded:
                         s.wait_event(ev[w])
+                    else:
+                        self._unrecorded(st.id, w, chosen)
                 res = self._run_on(st, s, main, ins, b, out, tracing, recs)
                 for e in st.records:
                     ev[e].record(s)
@@ -210,6 +220,9 @@ class Executor:
                     out.copy_(res)
                     res = out
                 env[st.outs[0]] = res
+        for e in self._exit_waits:
+            if e not in recorded:
+                self._unrecorded("exit", e, chosen)
         if cuda:
             self._join(main, started, recorded)
         self.last_variants = chosen
@@ -224,11 +237,13 @@ class Executor:
 
     # ------------------------------------------------------------ helpers of the call
 
-    def _entry(self, main, recorded):
-        ev = self._events.setdefault("entry", torch.cuda.Event())
-        ev.record(main)
-        recorded.add("entry")
-        return ev
+    def _unrecorded(self, where: str, e: str, chosen: dict) -> None:
+        """A wait on an event not recorded in this call: fine when its recorder's variant did not run."""
+        guard = self._rec_guard.get(e)
+        if guard is None or all(chosen.get(r) == v for r, v in guard):
+            raise RuntimeError(f"internal error: '{where}' waits on event {e}, which this call did not record"
+                               f" although {'its recorder ran' if guard is not None else 'nothing records it'}"
+                               f" (variants {chosen}); the wait would be a no-op on the GPU and the read a race")
 
     def _run_on(self, st, s, main, ins, b, out, tracing, recs):
         if tracing:

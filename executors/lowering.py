@@ -11,6 +11,8 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
+from planner.verify import verify
+
 from .backends import lookup
 from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_hash
 from .custom_op import register_ops
@@ -103,6 +105,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     plan = cp.plan
     if not cp.schedule:
         cp.schedule = default_schedule(cp)
+    verify(cp)  # nothing runs that the planner cannot prove ordered (raises planner.verify.VerifyError)
     device = _resolve_device(device, weights)
     _check_weights(cp, weights, device)
     # each weight in the layout its kernel reads; the executor keeps only these (executors.weights)

@@ -197,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        from .verify import VerifyError  # lazily: validate/compile stay light to import
+        if not isinstance(exc, VerifyError):
+            raise
+        from .commands import verify_failure
+        print(verify_failure(exc), file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
 

@@ -13,7 +13,12 @@ from .errors import PlanError
 from .lang.loader import load_plan, parse_overrides
 from .tuning import DEFAULT_DEVICE, check_limits, gemm_shapes, match_tuning, read_tuning
 
-__all__ = ["cmd_validate", "cmd_compile", "config_from_args"]
+__all__ = ["cmd_validate", "cmd_compile", "config_from_args", "verify_failure"]
+
+
+def verify_failure(exc) -> str:
+    """The one message of a plan the planner compiled but cannot prove right (exit 1)."""
+    return f"planner: internal error: the compiled plan fails verification: {exc}"
 
 
 def resolve_compile_tuning(args, plan) -> tuple[dict, str]:
@@ -70,15 +75,13 @@ def cmd_validate(args) -> int:
 def cmd_compile(args) -> int:
     from .pipeline import compile_plan
     from .report import dumps_json, to_text
-    from .verify import VerifyError, verify
+    from .verify import VerifyError
     plan = load_plan(args.plan, parse_overrides(args.overrides))
     cfg = config_from_args(args, plan)
     try:
-        cp = compile_plan(plan, cfg)
-        if args.verify_each:
-            verify(cp)
+        cp = compile_plan(plan, cfg)  # verifies the result (and after every pass with --verify-each)
     except VerifyError as exc:
-        print(f"planner: internal error: the compiled plan fails verification: {exc}", file=sys.stderr)
+        print(verify_failure(exc), file=sys.stderr)
         return 1
     for name, text in cfg.dumps:
         print(f"===== after {name} =====", file=sys.stderr)

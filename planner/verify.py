@@ -12,7 +12,7 @@ import networkx as nx
 
 from .graph import Compiled
 from .infer import InferCtx
-from .ordering import happens_before, joined_at_exit
+from .ordering import Order, happens_before, joined_at_exit
 
 __all__ = ["verify", "VerifyError"]
 
@@ -101,12 +101,14 @@ def _verify_schedule(cp: Compiled, events: bool) -> None:
     for e in cp.exit_waits:
         if e not in recorded:
             raise VerifyError(f"exit waits on event {e} that is never recorded")
-    # every cross-stream dependency must be ordered by a chain of waits
-    hb = happens_before(cp)
+    # every cross-stream dependency must be ordered by a chain of waits, in every call
+    order = Order(cp)
+    hb = happens_before(cp, order)
     for u, v in g.edges:
         if g.nodes[u]["stream"] != g.nodes[v]["stream"] and not hb(u, v):
             raise VerifyError(f"{v} on {g.nodes[v]['stream']} reads from {u} on {g.nodes[u]['stream']} without an event")
     # and the caller's stream must know all side-stream work is done before the call returns
-    missing = joined_at_exit(cp)
+    missing = joined_at_exit(cp, order)
     if missing:
-        raise VerifyError(f"side-stream work is not joined back before returning: {missing[0]}")
+        raise VerifyError(f"side-stream work is not joined back before returning: {missing[0]}"
+                          f" on {g.nodes[missing[0]]['stream']} (ctx {g.nodes[missing[0]]['ctx']})")

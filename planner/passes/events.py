@@ -11,6 +11,10 @@ Vector clocks give minimality: an op waits on stream t only if what it needs on
 t is later than everything its stream already knows to be complete, and then
 only on the latest such op. Knowledge learned through an event recorded inside
 a variant is used only by ops that run exactly when that event is recorded.
+A read of a region output (a select over the variants' results) waits on the event
+of every variant's producer: only the one that ran is recorded in a call, and the
+executor waits on exactly that one (planner.ordering states the model; verify
+proves every cross-stream read and the exit join for every variant choice).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import networkx as nx
 
 from ..graph import Compiled
-from ..ordering import ENTRY, implied, is_view, possible_lasts, real_preds
+from ..ordering import ENTRY, ExitCover, Order, implied, is_view, real_preds
 
 SCHEDULE = "schedule"
 NAME = "derive-events"
@@ -73,23 +77,33 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         if ctx:
             for k, val in in_ctx.get((s, ctx), {}).items():
                 known[k] = max(known[k], val)
-        need: dict[str, tuple[int, str]] = {}
+        need: dict[str, list[str]] = {}
         wants_entry = False
         for u in real_preds(g, v, memo):
             if u == ENTRY:
                 wants_entry = True
                 continue
             t = g.nodes[u]["stream"]
-            if t == s or known[t] >= pos[u]:
-                continue
-            if t not in need or need[t][0] < pos[u]:
-                need[t] = (pos[u], u)
-        for _t, (_, u) in sorted(need.items()):
-            n_waits += 1
-            d["waits"].append(record(u))
-            if implied(g.nodes[u]["ctx"], ctx):
-                for k, val in clock_of[u].items():
-                    known[k] = max(known[k], val)
+            if t != s and known[t] < pos[u]:
+                need.setdefault(t, []).append(u)
+        for t, us in sorted(need.items()):
+            # latest first: a wait on an op that runs whenever v runs covers every earlier
+            # op of its stream; a wait on an op inside a variant v is not in covers them
+            # only in calls where that variant ran, so every other variant's producer gets
+            # its own wait (the executor waits on the one recorded in this call)
+            chosen: list[str] = []
+            for u in sorted(us, key=lambda x: -pos[x]):
+                if known[t] >= pos[u]:
+                    continue
+                both = set(g.nodes[u]["ctx"]) | set(ctx)
+                if any(pos[r] >= pos[u] and set(g.nodes[r]["ctx"]) <= both for r in chosen):
+                    continue
+                n_waits += 1
+                d["waits"].append(record(u))
+                chosen.append(u)
+                if implied(g.nodes[u]["ctx"], ctx):
+                    for k, val in clock_of[u].items():
+                        known[k] = max(known[k], val)
         if wants_entry and not known[ENTRY]:
             # plan inputs were written on the caller's stream before the call
             n_waits += 1
@@ -102,25 +116,17 @@ def derive(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             uncond[s][s] = pos[v]
         else:
             uncond[s] = dict(known)
-    # the join: main must know every aux stream's work is done before returning
-    waited = {}
-    for v in cp.schedule:
-        if g.nodes[v]["stream"] == "main":
-            for e in g.nodes[v]["waits"]:
-                r = events.get(e, {}).get("op")
-                if r:
-                    key = (g.nodes[r]["stream"], g.nodes[r]["ctx"])
-                    waited[key] = max(waited.get(key, 0), pos[r])
+    # the join: main must know every side stream's work done before returning, for every
+    # choice of variants (latest first: an unguarded last op covers its whole stream)
+    cp.events, cp.exit_waits = events, []
+    order = Order(cp)
+    cover = ExitCover(cp, order)
     exit_waits = []
-    for t in streams:
-        if t == "main":
-            continue
-        ops_t = [v for v in cp.schedule if not is_view(g, v) and g.nodes[v]["stream"] == t]
-        for u in possible_lasts(g, ops_t):
-            ctx_u = g.nodes[u]["ctx"]
-            if waited.get((t, ()), 0) >= pos[u] or waited.get((t, ctx_u), 0) >= pos[u]:
-                continue
+    for u in reversed(order.schedule):
+        if order.stream[u] != "main" and not cover.covers(u):
             exit_waits.append(record(u))
+            cover.add_exit(u)
+    exit_waits.reverse()
     if any(ENTRY in g.nodes[v]["waits"] for v in g.nodes):
         events[ENTRY] = {"op": None, "stream": "main"}
     cp.events = events
