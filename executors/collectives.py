@@ -6,10 +6,12 @@ on GPU, gloo on CPU). all_gather is rank-major along any dim, exactly like
 torch.cat([x_rank0, x_rank1, ...], dim); with a dim-0 slice of the result that is
 vLLM's sp_all_gather(x)[:full_num_tokens].
 
-Before the first collective every rank all-gathers a hash of its compiled plan and
-compares: a rank whose plan differs would otherwise issue a different collective
-sequence and hang. Every rank sees every hash, so every rank raises the same
-PlanMismatch naming the differing ranks.
+Before the first collective every rank all-gathers a hash of what it is about to run
+(plan_description: params, groups, tensors' dtypes and shapes, ops, events, tuned limits,
+backend table, pass configuration) and compares: a rank whose plan differs would
+otherwise issue a different collective sequence and hang, or exchange other bytes.
+On a difference every rank gathers every description, so every rank raises the same
+PlanMismatch naming the differing ranks and the first line that differs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import json
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "bind_groups", "plan_hash", "agree_on_plan", "PlanMismatch", "GroupError"]
+__all__ = ["Comm", "bind_groups", "plan_description", "plan_hash", "first_difference", "agree_on_plan",
+           "PlanMismatch", "GroupError"]
 
 
 class PlanMismatch(RuntimeError):
@@ -125,43 +128,125 @@ def check_group_sizes(comms: dict[str, Comm]) -> None:
                              f" {c.size} ranks (run with --world-size {want}, or --set the plan's size to {c.size})")
 
 
-def plan_hash(cp) -> str:
-    """sha256 of what decides the collective sequence and results: params, groups, ops, schedule, streams."""
-    g = cp.graph
-    desc = {
-        "plan": cp.plan.name,
-        "params": {k: v for k, v in sorted(cp.plan.params.items())},
-        "groups": dict(sorted(cp.plan.groups.items())),
-        "dims": {k: [d.lo, d.hi] for k, d in sorted(cp.plan.dims.items())},
-        "ops": [[v, g.nodes[v]["op"].op, sorted(g.nodes[v]["op"].inputs()), list(g.nodes[v]["op"].out),
-                 json.dumps(g.nodes[v]["op"].attrs(), sort_keys=True, default=str), g.nodes[v]["stream"],
-                 [list(c) for c in g.nodes[v]["ctx"]]] for v in cp.schedule],
-    }
-    return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
+def plan_description(cp, tuning=None, backend_prefs=None, problem: str = "") -> list[tuple[str, list[str]]]:
+    """What a rank is about to run, as ordered sections of canonical lines.
+
+    Everything that changes the collectives issued or the values exchanged: params, groups,
+    dims, the tuned limits in effect (the plan's, overridden by `tuning` as given to
+    build_executor), the backend table (backend_prefs and a tuning file's per-signature
+    table), the pass configuration and passes run, every tensor's dtype and normalised
+    shape, and every op of the schedule with its attributes, stream, guards and events.
+    tuning: the tuning as resolved (executors.tuning.resolve_tuning) or {limit: int};
+    problem: a build error this rank will raise after agreeing (so a lone failure is named).
+    """
+    from planner.shapes import fmt_dim
+    plan, g = cp.plan, cp.graph
+
+    def canon(x) -> str:
+        return json.dumps(x, sort_keys=True, default=str, separators=(",", ":"))
+
+    if isinstance(tuning, str):
+        with open(tuning) as f:
+            tuning = json.load(f)
+    table = {}
+    if isinstance(tuning, dict) and "limits" in tuning:
+        table = tuning.get("backends") or {}
+        tuning = tuning["limits"]
+    tuned = dict(plan.tuned)
+    tuned.update({k: v for k, v in (tuning or {}).items()})
+    tensors = []  # inputs and weights first: a difference there is the cause of later ones
+    for name in [*plan.inputs, *plan.weights, *sorted(set(cp.tensors) - set(plan.inputs) - set(plan.weights))]:
+        t = cp.tensors[name]
+        dims = ", ".join(str(d) if isinstance(d, int) else fmt_dim(d) for d in t.shape)
+        tensors.append(f"{name}: {t.dtype}[{dims}] ({t.kind}{'' if t.contiguous else ', strided'})")
+    ops = []
+    for v in cp.schedule:
+        d, op = g.nodes[v], g.nodes[v]["op"]
+        ops.append(f"{v}: {op.op}({', '.join(op.inputs())}) -> {', '.join(op.out)} {canon(op.attrs())}"
+                   f" stream={d['stream']} ctx={canon([list(c) for c in d['ctx']])}"
+                   f" waits={canon(d.get('waits', []))} records={canon(d.get('records', []))}"
+                   f" slot={canon(d.get('out_slot'))}")
+    return [
+        ("build errors", [problem] if problem else []),  # first: it explains the rest
+        ("plan", [plan.name]),
+        ("params", [f"{k}={canon(v)}" for k, v in sorted(plan.params.items())]),
+        ("groups", [f"{k}={v}" for k, v in sorted(plan.groups.items())]),
+        ("dims", [f"{k}={d.lo}..{d.hi}" for k, d in sorted(plan.dims.items())]),
+        ("tuned limits", [f"{k}={canon(v)}" for k, v in sorted(tuned.items())]),
+        ("backends", [f"prefs={canon(list(backend_prefs) if backend_prefs is not None else None)}"]
+         + [f"{k}={canon(v)}" for k, v in sorted(table.items())]),
+        ("passes", [f"run={canon(list(cp.passes_run))}"]
+         + [f"{k}={canon(v)}" for k, v in sorted((cp.report.get("config") or {}).items())]),
+        ("tensors", tensors),
+        ("ops", ops),
+    ]
 
 
-def agree_on_plan(digest: str, comms: dict[str, Comm]) -> None:
-    """All-gather the plan hash over every distinct bound process group; raise on any difference."""
+def plan_hash(cp, tuning=None, backend_prefs=None) -> str:
+    """sha256 of plan_description(): equal on two ranks exactly when they will run the same thing."""
+    return _digest(plan_description(cp, tuning, backend_prefs))
+
+
+def _digest(desc) -> str:
+    return hashlib.sha256(json.dumps(desc, separators=(",", ":")).encode()).hexdigest()
+
+
+def first_difference(descs: list) -> str | None:
+    """The first line (in section order) on which the ranks' descriptions differ, per rank."""
+    names = [n for n, _ in descs[0]]
+    for name in names:
+        secs = [dict(d).get(name, []) for d in descs]
+        for i in range(max(len(s) for s in secs)):
+            lines = [s[i] if i < len(s) else "(nothing)" for s in secs]
+            if len(set(lines)) > 1:
+                return f"{name}: " + "; ".join(f"rank {r} has {line}" for r, line in enumerate(lines))
+    return None
+
+
+def _gather_bytes(data: bytes, pg, cuda: bool) -> list[bytes]:
+    """all_gather of variable-length bytes over pg (lengths first, then padded payloads)."""
+    n = dist.get_world_size(pg)
+    dev = "cuda" if cuda else "cpu"
+    size = torch.tensor([len(data)], dtype=torch.int64, device=dev)
+    sizes = [torch.empty_like(size) for _ in range(n)]
+    dist.all_gather(sizes, size, group=pg)
+    lens = [int(x.item()) for x in sizes]
+    buf = torch.zeros(max(lens), dtype=torch.uint8)
+    buf[:len(data)] = torch.tensor(list(data), dtype=torch.uint8) if data else buf[:0]
+    buf = buf.to(dev)
+    parts = [torch.empty_like(buf) for _ in range(n)]
+    dist.all_gather(parts, buf, group=pg)
+    return [bytes(p[:m].cpu().tolist()) for p, m in zip(parts, lens, strict=True)]
+
+
+def agree_on_plan(desc, comms: dict[str, Comm]) -> None:
+    """Agree on the plan over every distinct bound process group before the first collective.
+
+    desc: plan_description() (or a bare hash string). Every rank all-gathers its hash; on any
+    difference every rank all-gathers every rank's description, so every rank raises the same
+    PlanMismatch naming the differing ranks and the first line on which they differ.
+    """
+    digest = desc if isinstance(desc, str) else _digest(desc)
     seen = []
     for name in sorted(comms):
         c = comms[name]
         if c.pg is None or any(c.pg is p for p in seen):
             continue
         seen.append(c.pg)
-        n = dist.get_world_size(c.pg)
-        mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
-        if str(dist.get_backend(c.pg)) == "nccl":
-            mine = mine.cuda()
-        parts = [torch.empty_like(mine) for _ in range(n)]
-        dist.all_gather(parts, mine, group=c.pg)
-        hashes = [bytes(p.cpu().tolist()).hex() for p in parts]
+        cuda = str(dist.get_backend(c.pg)) == "nccl"
+        hashes = [h.hex() for h in _gather_bytes(bytes.fromhex(digest), c.pg, cuda)]
         if len(set(hashes)) > 1:
             counts: dict[str, list[int]] = {}
             for r, h in enumerate(hashes):
                 counts.setdefault(h, []).append(r)
             ref = max(counts, key=lambda h: (len(counts[h]), -counts[h][0]))
             differ = [r for r, h in enumerate(hashes) if h != ref]
+            why = None
+            if not isinstance(desc, str):
+                texts = _gather_bytes(json.dumps(desc).encode(), c.pg, cuda)
+                why = first_difference([[tuple(x) for x in json.loads(t)] for t in texts])
             raise PlanMismatch(
                 f"ranks {differ} of group '{name}' compiled a different plan than ranks {counts[ref]}"
-                f" (plan hashes: " + ", ".join(f"rank {r}: {h[:12]}" for r, h in enumerate(hashes))
+                + (f"; first difference in {why}" if why else "")
+                + " (plan hashes: " + ", ".join(f"rank {r}: {h[:12]}" for r, h in enumerate(hashes))
                 + f"; this is rank {c.rank}); refusing to run")

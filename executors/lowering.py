@@ -14,7 +14,7 @@ import torch
 from planner.verify import verify
 
 from .backends import lookup
-from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_hash
+from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_description
 from .custom_op import register_ops
 from .dims import DimSolver, dim_fn
 from .dtypes import torch_dtype
@@ -113,8 +113,18 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     comms = bind_groups(plan.groups, group)
     g = cp.graph
     has_coll = any(g.nodes[v]["op"].op in ("all_gather", "reduce_scatter", "all_reduce") for v in cp.schedule)
+    # the tuning in effect is resolved first so the agreement covers it; a tuning error is raised
+    # after the agreement, so a rank that fails alone is named there instead of leaving the others waiting
+    try:
+        tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
+        tuning_error = None
+    except BuildError as exc:
+        tuning_data, tuning_source, tuning_error = {}, "", exc
     if agree and has_coll:
-        agree_on_plan(plan_hash(cp), comms)  # before anything can raise on one rank only
+        # before anything can raise on one rank only
+        agree_on_plan(plan_description(cp, tuning_data, backend_prefs, problem=str(tuning_error or "")), comms)
+    if tuning_error is not None:
+        raise tuning_error
     check_group_sizes(comms)
     externs = dict(externs or {})
     needed = sorted({g.nodes[v]["op"].fn for v in cp.schedule if g.nodes[v]["op"].op == "extern"})
@@ -122,7 +132,6 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if unbound:
         raise BuildError(f"plan '{plan.name}' calls extern(s) {unbound} but externs= binds {sorted(externs)};"
                          " pass callables for them (executors.tools.externs.default_externs(plan) gives test stand-ins)")
-    tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
     bctx = _BuildCtx(cp, device, comms, externs)
     steps = _lower_steps(cp, bctx, device, backend_prefs, tuning_data, weights.layouts)

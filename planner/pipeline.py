@@ -25,6 +25,18 @@ def check_pass_names(names) -> None:
                                did_you_mean(n, PASS_NAMES))
 
 
+def config_summary(cfg: CompileConfig) -> dict:
+    """The knobs that decide what the passes make (part of the plan hash ranks agree on)."""
+    import dataclasses
+    import hashlib
+    import json
+    prof = json.dumps(dataclasses.asdict(cfg.profile), sort_keys=True, default=str)
+    return {"disable_passes": sorted(cfg.disable_passes), "stop_after": cfg.stop_after,
+            "num_streams": cfg.num_streams, "bucket_cap_mb": cfg.bucket_cap_mb, "packing": cfg.packing,
+            "min_gain_us": cfg.min_gain_us, "tuned": dict(sorted(cfg.tuned.items())),
+            "profile": f"{cfg.profile.name} sha256:{hashlib.sha256(prof.encode()).hexdigest()[:16]}"}
+
+
 def compile_plan(plan: Plan, config: CompileConfig | None = None) -> Compiled:
     from .errors import no_gc
     with no_gc():
@@ -37,6 +49,7 @@ def _compile(plan: Plan, cfg: CompileConfig) -> Compiled:
     if bad:
         raise PlanError.at(None, "schema", f"pass '{sorted(bad)[0]}' cannot be disabled: the executor needs it")
     cp = build_graph(plan)
+    cp.report["config"] = config_summary(cfg)
     if cfg.verify_each:
         verify(cp)
     timings = {}

@@ -1,0 +1,45 @@
+"""Rank bodies for the plan-agreement tests (importable by spawn): ranks that differ in one thing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RACE = ROOT / "tests" / "plans" / "gated_race.yaml"
+SP = ROOT / "plans" / "k3_sp_tail.yaml"
+
+
+def _check(text, rank, path, tuning=None, num_tokens=8):
+    from executors.tools.check import run_check
+    from planner.lang.loader import load_plan
+    return run_check(lambda: load_plan(path, text=text), rank=rank, num_tokens=num_tokens, seed=3, tuning=tuning)
+
+
+def _race_text(hidden=64):
+    return RACE.read_text().replace("hidden: 2048", f"hidden: {hidden}")
+
+
+def dtype_differs(rank, world, differ_rank):
+    """The SP plan; on `differ_rank` the `final` input is fp16 instead of bf16."""
+    text = SP.read_text().replace("hidden: 7168", "hidden: 32").replace("value: 8, choices", f"value: {world}, choices")
+    if rank == differ_rank:
+        text = text.replace("  final: bf16[", "  final: fp16[")
+    return _check(text, rank, SP)
+
+
+def width_differs(rank, world, differ_rank):
+    """The race plan; on `differ_rank` the input y has a literal width of 48 instead of `hidden` (64)."""
+    text = _race_text()
+    if rank == differ_rank:
+        text = text.replace("y: bf16[num_tokens, hidden]", "y: bf16[num_tokens, 48]")
+    return _check(text, rank, RACE)
+
+
+def tuning_differs(rank, world, differ_rank):
+    """The race plan at 8 tokens; `differ_rank` is built with tuned.lim = 4 (so it would take var1)."""
+    return _check(_race_text(), rank, RACE, tuning={"lim": 4} if rank == differ_rank else None)
+
+
+def same(rank, world, variant_lim):
+    """The race plan with the same tuning on every rank: runs and matches the reference."""
+    return _check(_race_text(), rank, RACE, tuning={"lim": variant_lim})

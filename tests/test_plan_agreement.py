@@ -1,0 +1,72 @@
+"""Ranks that would run different things are refused before the first collective, on every
+rank, with the first difference named: an input dtype, a literal width, a tuned limit."""
+
+from __future__ import annotations
+
+import pytest
+from dist_agree import dtype_differs, same, tuning_differs, width_differs
+
+from executors.collectives import first_difference, plan_description, plan_hash
+from executors.tools.ranks import RankFailure, run_ranks
+from planner.config import CompileConfig
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
+from tests.dist_agree import RACE, _race_text
+
+
+def _refused(fn, world=2, differ=1):
+    with pytest.raises(RankFailure) as info:
+        run_ranks(fn, world, differ, timeout_s=90, coll_timeout_s=20)
+    errs = info.value.errors
+    assert sorted(errs) == list(range(world)), errs  # every rank refused, none ran on or hung
+    kinds = {k for k, _ in errs.values()}
+    assert kinds == {"PlanMismatch"}, errs
+    msgs = {m.rsplit("; this is rank", 1)[0] for _, m in errs.values()}
+    assert len(msgs) == 1, msgs  # the same words on every rank
+    return msgs.pop()
+
+
+def test_input_dtype_difference_is_named():
+    msg = _refused(dtype_differs)
+    assert "first difference in tensors: rank 0 has final: bf16[" in msg
+    assert "rank 1 has final: fp16[" in msg
+
+
+def test_literal_width_difference_is_named():
+    msg = _refused(width_differs)
+    assert "tensors: rank 0 has y: bf16[num_tokens, 64]" in msg and "rank 1 has y: bf16[num_tokens, 48]" in msg
+
+
+def test_tuning_difference_is_named():
+    msg = _refused(tuning_differs)
+    assert "first difference in tuned limits: rank 0 has lim=16; rank 1 has lim=4" in msg
+
+
+@pytest.mark.parametrize("lim", [16, 4])  # var0 and var1 on both ranks
+def test_same_tuning_on_both_ranks_runs_and_checks(lim):
+    reps = run_ranks(same, 2, lim, timeout_s=90)
+    for rep in reps:
+        assert rep["ok"], rep
+        assert rep["variants"] == {"r3": "var0" if lim >= 8 else "var1"}
+
+
+def _cp(text=None, cfg=None):
+    return compile_plan(load_plan(RACE, text=text or _race_text()), cfg or CompileConfig())
+
+
+def test_description_covers_config_tuning_and_backends():
+    base = plan_hash(_cp())
+    assert plan_hash(_cp()) == base
+    assert plan_hash(_cp(cfg=CompileConfig(bucket_cap_mb=1.0))) != base
+    assert plan_hash(_cp(), tuning={"lim": 3}) != base
+    assert plan_hash(_cp(), tuning={"limits": {"lim": 16}, "backends": {"gemm:x": "cute"}}) != base
+    assert plan_hash(_cp(), backend_prefs=("torch",)) != base
+    assert plan_hash(_cp(text=_race_text().replace("y: bf16[", "y: fp16["))) != base
+
+
+def test_first_difference_is_in_section_order():
+    a = plan_description(_cp())
+    b = plan_description(_cp(text=_race_text(48)))
+    why = first_difference([a, b])
+    assert why.startswith("params: rank 0 has hidden=64; rank 1 has hidden=48"), why
+    assert first_difference([a, a]) is None
