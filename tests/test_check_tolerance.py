@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from executors.tools.check import TOLERANCE, computed_in, outputs_match, reference_compiled, run_check, tolerance
+from executors.tools.check import (
+    TOLERANCE,
+    computed_in,
+    outputs_match,
+    reference_compiled,
+    run_check,
+    tolerance,
+)
 from tests.dist_plans import load_text
 
 PLAN = """
