@@ -114,7 +114,8 @@ def gated_plan(seed: int, world: int = 1) -> str:
         return "" if s == "main" and rng.random() < 0.5 else f", stream={s}"
 
     def body(ind: str, src: str, out: str, depth: int, tag: str) -> list[str]:
-        kind = rng.choice(["gemm_copy", "gemm_add", "two", "nested"] if depth == 0 else ["gemm_copy", "gemm_add"])
+        kind = rng.choice(["gemm_copy", "gemm_add", "two", "reduced", "nested"] if depth == 0
+                          else ["gemm_copy", "gemm_add", "reduced"])
         if kind == "gemm_copy":
             return [f"{ind}- {tag}a: gemm({src}, w{pin()})", f"{ind}- {out}: copy({tag}a{pin()})"]
         if kind == "gemm_add":
@@ -122,6 +123,10 @@ def gated_plan(seed: int, world: int = 1) -> str:
         if kind == "two":
             return [f"{ind}- {tag}p: gemm({src}, w{pin()})", f"{ind}- {tag}q: gemm({src}, v{pin()})",
                     f"{ind}- {out}: add({tag}p, {tag}q{pin()})"]
+        if kind == "reduced":  # two all_reduces inside the variant: fused, gemms writing into the bucket
+            return [f"{ind}- {tag}p: gemm({src}, w{pin()})", f"{ind}- {tag}q: gemm({src}, v{pin()})",
+                    f"{ind}- {tag}rp: all_reduce({tag}p, tp)", f"{ind}- {tag}rq: all_reduce({tag}q, tp)",
+                    f"{ind}- {out}: add({tag}rp, {tag}rq{pin()})"]
         inner = [f"{ind}- region: n{tag}", f"{ind}  outputs: [{tag}h]", f"{ind}  variants:"]
         for k, gate in enumerate([f"num_tokens <= tuned.lim{rng.randrange(3)}", None]):
             inner.append(f"{ind}    - name: i{k}")
@@ -156,3 +161,17 @@ def gated_plan(seed: int, world: int = 1) -> str:
     lines.append(f"outputs: [{', '.join(outs)}]")
     lines.append("ops:")
     return "\n".join(lines + ops) + "\n"
+
+
+def gated_rank(rank, world, seeds, tokens):
+    """Rank body: the random gated plans at this world size, compiled vs reference at each token count."""
+    from executors.tools.check import run_check
+    from tests.dist_plans import load_text
+    reps = []
+    for seed in seeds:
+        text = gated_plan(seed, world)
+        for nt in tokens:
+            rep = run_check(lambda t=text: load_text(t), rank=rank, num_tokens=nt, seed=seed)
+            rep["seed"] = seed
+            reps.append(rep)
+    return reps
