@@ -43,3 +43,19 @@ def tuning_differs(rank, world, differ_rank):
 def same(rank, world, variant_lim):
     """The race plan with the same tuning on every rank: runs and matches the reference."""
     return _check(_race_text(), rank, RACE, tuning={"lim": variant_lim})
+
+
+def every_case(rank, world, differ_rank):
+    """Each disagreement in turn on one set of processes (agreement leaves the group usable):
+    -> {case: ("refused", message) | ("ran", report)}."""
+    from executors.collectives import PlanMismatch
+    out = {}
+    cases = {"dtype": dtype_differs, "width": width_differs, "tuning": tuning_differs}
+    for name, fn in cases.items():
+        try:
+            out[name] = ("ran", fn(rank, world, differ_rank))
+        except PlanMismatch as exc:
+            out[name] = ("refused", str(exc))
+    for lim in (16, 4):
+        out[f"same{lim}"] = ("ran", same(rank, world, lim))
+    return out

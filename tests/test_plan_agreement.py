@@ -4,49 +4,50 @@ rank, with the first difference named: an input dtype, a literal width, a tuned 
 from __future__ import annotations
 
 import pytest
-from dist_agree import dtype_differs, same, tuning_differs, width_differs
+from dist_agree import every_case
 
 from executors.collectives import first_difference, plan_description, plan_hash
-from executors.tools.ranks import RankFailure, run_ranks
+from executors.tools.ranks import run_ranks
 from planner.config import CompileConfig
 from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 from tests.dist_agree import RACE, _race_text
 
 
-def _refused(fn, world=2, differ=1):
-    with pytest.raises(RankFailure) as info:
-        run_ranks(fn, world, differ, timeout_s=90, coll_timeout_s=20)
-    errs = info.value.errors
-    assert sorted(errs) == list(range(world)), errs  # every rank refused, none ran on or hung
-    kinds = {k for k, _ in errs.values()}
-    assert kinds == {"PlanMismatch"}, errs
-    msgs = {m.rsplit("; this is rank", 1)[0] for _, m in errs.values()}
+@pytest.fixture(scope="module")
+def cases():
+    return run_ranks(every_case, 2, 1, timeout_s=180, coll_timeout_s=20)
+
+
+def _refused(cases, name):
+    got = [c[name] for c in cases]
+    assert [k for k, _ in got] == ["refused", "refused"], got  # every rank refused, none ran on or hung
+    msgs = {m.rsplit("; this is rank", 1)[0] for _, m in got}
     assert len(msgs) == 1, msgs  # the same words on every rank
     return msgs.pop()
 
 
-def test_input_dtype_difference_is_named():
-    msg = _refused(dtype_differs)
+def test_input_dtype_difference_is_named(cases):
+    msg = _refused(cases, "dtype")
     assert "first difference in tensors: rank 0 has final: bf16[" in msg
     assert "rank 1 has final: fp16[" in msg
 
 
-def test_literal_width_difference_is_named():
-    msg = _refused(width_differs)
+def test_literal_width_difference_is_named(cases):
+    msg = _refused(cases, "width")
     assert "tensors: rank 0 has y: bf16[num_tokens, 64]" in msg and "rank 1 has y: bf16[num_tokens, 48]" in msg
 
 
-def test_tuning_difference_is_named():
-    msg = _refused(tuning_differs)
+def test_tuning_difference_is_named(cases):
+    msg = _refused(cases, "tuning")
     assert "first difference in tuned limits: rank 0 has lim=16; rank 1 has lim=4" in msg
 
 
 @pytest.mark.parametrize("lim", [16, 4])  # var0 and var1 on both ranks
-def test_same_tuning_on_both_ranks_runs_and_checks(lim):
-    reps = run_ranks(same, 2, lim, timeout_s=90)
-    for rep in reps:
-        assert rep["ok"], rep
+def test_same_tuning_on_both_ranks_runs_and_checks(cases, lim):
+    for c in cases:
+        kind, rep = c[f"same{lim}"]
+        assert kind == "ran" and rep["ok"], rep
         assert rep["variants"] == {"r3": "var0" if lim >= 8 else "var1"}
 
 
