@@ -95,7 +95,9 @@ class Order:
         self.stream = {v: g.nodes[v]["stream"] for v in self.schedule}
         self.ctx = {v: frozenset(g.nodes[v]["ctx"]) for v in self.schedule}
         rec = {e: info.get("op") for e, info in cp.events.items()}
-        self.waits = {v: [rec.get(e) for e in g.nodes[v]["waits"] if rec.get(e)] for v in self.schedule}
+        # recorders waited on; ENTRY is the call's start on main, recorded before any op
+        self.waits = {v: [ENTRY if e == ENTRY else rec[e] for e in g.nodes[v]["waits"] if e == ENTRY or rec.get(e)]
+                      for v in self.schedule}
         self._first: dict = {}       # non-empty guard set -> schedule index of its first op
         for i, v in enumerate(self.schedule):
             if self.ctx[v]:
@@ -146,7 +148,10 @@ class Order:
         return self.after(v, frozenset())
 
     def hb(self, a: str, b: str) -> bool:
-        """a (non-view) is complete before b (non-view) starts in every call where both run."""
+        """a (non-view, or ENTRY: the plan inputs) is complete before b (non-view) starts in
+        every call where both run."""
+        if a == ENTRY:
+            return self.clock(b).get(ENTRY, 0) >= 1
         ca, cb = self.ctx[a], self.ctx[b]
         if not compatible(ca, cb):
             return True  # never in one call
@@ -177,9 +182,13 @@ class _Scan:
             cur = self.state.get(s)
             if cur is None:
                 cur = o.base_state(s, self.start) if self.start > 0 and c else {}
+                if s == "main":
+                    cur = {**cur, ENTRY: 1}  # the caller wrote the inputs on main before the call
             clk = dict(cur)
             for r in o.waits[w]:
-                if o.ctx[r] <= c and o.index[r] < i:
+                if r == ENTRY:
+                    clk[ENTRY] = 1
+                elif o.ctx[r] <= c and o.index[r] < i:
                     src = self.at[r] if o.index[r] >= self.start else o.clock(r, c)
                     for t, p in src.items():
                         if p > clk.get(t, 0):
@@ -209,7 +218,8 @@ class ExitCover:
         for w in order.schedule:
             if order.stream[w] == "main":
                 for r in order.waits[w]:
-                    self._add(r, order.ctx[w])
+                    if r != ENTRY:
+                        self._add(r, order.ctx[w])
         rec = {e: info.get("op") for e, info in cp.events.items()}
         for e in cp.exit_waits:
             if rec.get(e):
@@ -263,5 +273,5 @@ def happens_before(cp: Compiled, order: Order | None = None):
 
     def hb(u, v):
         srcs = {u} if not is_view(g, u) else real_preds(g, u, memo)
-        return all(order.hb(a, b) for a in srcs if a != ENTRY for b in dests(v))
+        return all(order.hb(a, b) for a in srcs for b in dests(v))
     return hb

@@ -12,7 +12,7 @@ import networkx as nx
 
 from .graph import Compiled
 from .infer import InferCtx
-from .ordering import Order, happens_before, joined_at_exit
+from .ordering import ENTRY, Order, happens_before, joined_at_exit, real_preds
 
 __all__ = ["verify", "VerifyError"]
 
@@ -21,7 +21,8 @@ class VerifyError(Exception):
     """An invariant of the compiled plan does not hold (a planner bug, not a user error)."""
 
 
-def verify(cp: Compiled) -> None:
+def verify(cp: Compiled) -> Order | None:
+    """Raise VerifyError on the first broken invariant; returns the ordering it proved (or None)."""
     g, plan = cp.graph, cp.plan
     if not nx.is_directed_acyclic_graph(g):
         raise VerifyError(f"graph has a cycle: {nx.find_cycle(g)}")
@@ -53,8 +54,10 @@ def verify(cp: Compiled) -> None:
         if o not in cp.tensors:
             raise VerifyError(f"plan output {o} is gone")
     _verify_shapes(cp)
-    if cp.schedule:
-        _verify_schedule(cp, events="derive-events" in cp.passes_run)
+    order = _verify_schedule(cp, events="derive-events" in cp.passes_run) if cp.schedule else None
+    # hook: further checks of the scheduled plan that need its ordering (buffer hazards) are
+    # called here as check(cp, order); order is a planner.ordering.Order, None before derive-events
+    return order
 
 
 def _ctx_visible(producer_ctx: tuple, consumer_ctx: tuple) -> bool:
@@ -87,7 +90,7 @@ def _verify_schedule(cp: Compiled, events: bool) -> None:
         if pos[u] >= pos[v]:
             raise VerifyError(f"schedule runs {v} before its input {u}")
     if not events:
-        return
+        return None
     recorded: dict[str, str | None] = {"entry": None} if "entry" in cp.events else {}
     for v in cp.schedule:
         d = g.nodes[v]
@@ -107,8 +110,14 @@ def _verify_schedule(cp: Compiled, events: bool) -> None:
     for u, v in g.edges:
         if g.nodes[u]["stream"] != g.nodes[v]["stream"] and not hb(u, v):
             raise VerifyError(f"{v} on {g.nodes[v]['stream']} reads from {u} on {g.nodes[u]['stream']} without an event")
+    # reads of plan inputs on side streams: ordered after the call's start on main
+    memo: dict = {"_tensors": cp.tensors}
+    for v in order.schedule:
+        if order.stream[v] != "main" and ENTRY in real_preds(g, v, memo) and not order.hb(ENTRY, v):
+            raise VerifyError(f"{v} on {order.stream[v]} reads a plan input without waiting on the call's entry")
     # and the caller's stream must know all side-stream work is done before the call returns
     missing = joined_at_exit(cp, order)
     if missing:
         raise VerifyError(f"side-stream work is not joined back before returning: {missing[0]}"
                           f" on {g.nodes[missing[0]]['stream']} (ctx {g.nodes[missing[0]]['ctx']})")
+    return order

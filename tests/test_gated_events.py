@@ -51,6 +51,14 @@ def test_race_shape_without_the_gated_variants_event_fails_verify():
     assert any("t26 on aux reads g4 before r3/var0/g4" in p for p in simulate(cp, {"r3": "var0"}))
 
 
+def test_a_side_stream_read_of_a_plan_input_needs_the_entry_wait():
+    cp = _race()
+    assert cp.graph.nodes["t27"]["waits"] == ["entry"]  # t27 reads the weight w2 on aux
+    cp.graph.nodes["t27"]["waits"] = []
+    with pytest.raises(VerifyError, match="t27 on aux reads a plan input without waiting on the call's entry"):
+        verify(cp)
+
+
 def test_a_pass_that_drops_an_event_is_caught_without_verify_each(tmp_path, monkeypatch, capsys):
     import planner.pipeline as pipeline
     from planner.passes.events import derive
