@@ -198,7 +198,7 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
             st.run = None
         else:
             specs = [cp.tensors[n] for n in op.inputs()]
-            impl = lookup(op, specs, device.type, prefs)
+            impl = lookup(op, specs, device.type, prefs, bctx._comms)
             st.run = impl.make(op, bctx)
             st.backend = impl.backend
             lay = layout_of_tensor(cp, op.b, layouts) if op.op == "gemm" and layouts else ROW

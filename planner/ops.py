@@ -38,6 +38,8 @@ class AllGather(OpBase):
     x: str
     group: str
     dim: int = 0
+    backend: Literal["auto", "torch", "p2p"] = Field(
+        "auto", description="torch: torch.distributed (NCCL/gloo); p2p: symmetric-memory pushes within one host.")
     fused_from: list[str] = Field(default_factory=list, description="Set by fuse-collectives.")
 
     def inputs(self):

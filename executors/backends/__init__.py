@@ -33,7 +33,7 @@ def backends_for(kind: str) -> list[str]:
     return registered(kind)
 
 
-def lookup(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
+def lookup(op, specs, device: str, prefs: tuple | list | None = None, comms: dict | None = None) -> Impl:
     """The implementation that runs `op` on `device`; raises UnsupportedOp with every reason."""
     _load()
-    return find(op, specs, device, prefs)
+    return find(op, specs, device, prefs, comms)

@@ -22,6 +22,11 @@ the same path. Both paths give bit-identical results (pure data movement).
 Capability (build time): CUDA, a size > 1 NCCL group whose ranks are GPUs of this host
 that can all reach each other peer to peer, a gather along dim 0 with a static byte
 size per row, torch symmetric memory importable; PLANNER_P2P=0 turns the backend off.
+Placement (build time, with the bound process group): every rank of the group on one
+host. Hosts come from the group's global ranks and the ranks per host, LOCAL_WORLD_SIZE
+as torchrun sets it (ranks are numbered host by host), else this host's GPU count. A
+group that spans hosts is refused with the reason, so `auto` falls back to NCCL and an
+explicit `backend=p2p` is a BuildError naming the op and the hosts.
 Barriers time out (PLANNER_P2P_TIMEOUT_MS, default 60 s) instead of hanging.
 """
 
@@ -36,7 +41,7 @@ from ..dtypes import torch_dtype
 from ..errors import BuildError
 from .registry import register
 
-__all__ = ["P2PGather", "p2p_supports"]
+__all__ = ["P2PGather", "p2p_supports", "p2p_placement", "hosts_of", "ranks_per_host"]
 
 _TIMEOUT_MS = int(os.environ.get("PLANNER_P2P_TIMEOUT_MS", "60000"))
 # Measured on an H200 pair, 2026-11-30 (results/sp_gather_tp2.md, decision log), SP
@@ -113,6 +118,36 @@ def _peer_reachable(world: int) -> str | None:
     return None
 
 
+def ranks_per_host() -> int:
+    """Ranks on each host: torchrun's LOCAL_WORLD_SIZE, else (one rank per GPU) this host's GPU count."""
+    env = os.environ.get("LOCAL_WORLD_SIZE")
+    if env:
+        return max(1, int(env))
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return max(1, n)
+
+
+def hosts_of(global_ranks: list[int], per_host: int) -> list[int]:
+    """The host index of each global rank (torchrun numbers ranks host by host)."""
+    return [r // per_host for r in global_ranks]
+
+
+def p2p_placement(op, comm):
+    """None when every rank of the op's process group is on this host, else why not."""
+    if comm.pg is None or comm.size == 1:
+        return None
+    import torch.distributed as dist
+    ranks = dist.get_process_group_ranks(comm.pg)
+    per_host = ranks_per_host()
+    hosts = hosts_of(ranks, per_host)
+    if len(set(hosts)) > 1:
+        spread = ", ".join(f"host {h}: ranks {[r for r, x in zip(ranks, hosts, strict=True) if x == h]}"
+                           for h in sorted(set(hosts)))
+        return (f"group '{op.group}' spans {len(set(hosts))} hosts ({spread}; {per_host} ranks per host);"
+                " peers on other hosts cannot be mapped, use NCCL")
+    return None
+
+
 def p2p_supports(op, specs, device):
     if os.environ.get("PLANNER_P2P", "1") == "0":
         return "turned off by PLANNER_P2P=0"
@@ -134,9 +169,12 @@ def _max_shape(spec, bctx):
     return shape_fn(spec.shape, bctx.params)({k: d.hi for k, d in bctx.dims.items()})
 
 
-@register("all_gather", "p2p", supports=p2p_supports)
+@register("all_gather", "p2p", supports=p2p_supports, placement=p2p_placement)
 def _p2p_all_gather(op, bctx):
     comm = bctx.comm(op.group)
+    why = p2p_placement(op, comm)
+    if why is not None:  # lookup asks first; this guards a factory reached any other way
+        raise BuildError(f"op '{op.id}': backend p2p cannot run: {why}")
     if comm.size == 1:
         return lambda ins, b, out: ins[0] if out is None else out.copy_(ins[0])
     spec = bctx.specs[op.inputs()[0]]

@@ -10,7 +10,9 @@ An implementation is a factory specialised once per op at build time:
         that cannot write there returns a fresh tensor and the caller copies it in.
 
 `supports(op, specs, device) -> None | reason` decides at build time whether a
-backend can run an op (specs: the TensorSpecs of the op's inputs). Lookup order:
+backend can run an op (specs: the TensorSpecs of the op's inputs); a collective's
+backend may also register `placement(op, comm) -> None | reason`, asked with the
+process group bound to the op's plan group (where its ranks live). Lookup order:
 the op's explicit `backend` field, then the priority list, then torch, which
 covers every op on every device. An explicit backend that cannot run the op is an
 error naming the op and the backends tried; nothing falls back silently.
@@ -24,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import BuildError
+
 __all__ = ["Impl", "register", "registered", "find", "UnsupportedOp", "DEFAULT_PRIORITY"]
 
 
-class UnsupportedOp(Exception):
+class UnsupportedOp(BuildError):
     """No registered backend can run an op (or the explicitly requested one cannot)."""
 
 
@@ -37,6 +41,7 @@ class Impl:
     backend: str
     make: Callable  # (op, bctx) -> run(ins, b, out)
     supports: Callable  # (op, specs, device) -> None | str
+    placement: Callable | None = None  # (op, comm) -> None | str, for collectives
 
 
 def _always(op, specs, device):
@@ -48,10 +53,10 @@ _REGISTRY: dict[tuple[str, str], Impl] = {}
 DEFAULT_PRIORITY = ("cute", "p2p", "torch")
 
 
-def register(kind: str, backend: str, supports: Callable | None = None):
+def register(kind: str, backend: str, supports: Callable | None = None, placement: Callable | None = None):
     """Decorator: register a factory as the `backend` implementation of op `kind`."""
     def deco(fn):
-        _REGISTRY[(kind, backend)] = Impl(kind, backend, fn, supports or _always)
+        _REGISTRY[(kind, backend)] = Impl(kind, backend, fn, supports or _always, placement)
         return fn
     return deco
 
@@ -61,8 +66,9 @@ def registered(kind: str) -> list[str]:
     return [b for (k, b) in _REGISTRY if k == kind]
 
 
-def find(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
-    """The implementation that runs `op` among those registered; raises UnsupportedOp with every reason."""
+def find(op, specs, device: str, prefs: tuple | list | None = None, comms: dict | None = None) -> Impl:
+    """The implementation that runs `op` among those registered; raises UnsupportedOp with every reason.
+    comms: {plan group: executors.collectives.Comm}, for the backends' placement checks."""
     kind = op.op
     requested = getattr(op, "backend", "auto")
     tried: list[str] = []
@@ -78,7 +84,13 @@ def find(op, specs, device: str, prefs: tuple | list | None = None) -> Impl:
             tried.append(f"{b}: not registered for {kind}")
             continue
         try:
-            reason = impl.supports(op, specs, device)
+            # where the group's ranks live first: it is the reason that holds on every device
+            group = getattr(op, "group", None)
+            reason = None
+            if impl.placement is not None and comms and group in comms:
+                reason = impl.placement(op, comms[group])
+            if reason is None:
+                reason = impl.supports(op, specs, device)
         except Exception as exc:  # noqa: BLE001 - a failing checker means "cannot run"
             reason = f"capability check failed: {exc}"
         if reason is None:

@@ -67,11 +67,11 @@ def _key(cp: Compiled, v: str):
     dim = getattr(op, "dim", None)
     if dim is not None:
         dim = dim % x.rank
-    return (op.op, op.group, dim, x.dtype, getattr(op, "reduce", None), d["ctx"])
+    return (op.op, op.group, dim, x.dtype, getattr(op, "reduce", None), getattr(op, "backend", "auto"), d["ctx"])
 
 
 def _why_differs(k1, k2) -> str:
-    names = ["kind", "process group", "dim", "dtype", "reduction", "variant context"]
+    names = ["kind", "process group", "dim", "dtype", "reduction", "backend", "variant context"]
     for n, a, b in zip(names, k1, k2, strict=True):
         if a != b:
             return f"different {n} ({a} vs {b})" if n != "variant context" else "different variants (exclusive at run time)"
