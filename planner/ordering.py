@@ -89,14 +89,19 @@ class Order:
 
     def __init__(self, cp: Compiled):
         g = self.g = cp.graph
-        self.schedule = [v for v in cp.schedule if not is_view(g, v)]
+        nodes = dict(g.nodes(data=True))
+        self.schedule = [v for v in cp.schedule if nodes[v]["op"].op not in VIEW_OPS]
         self.index = {v: i for i, v in enumerate(self.schedule)}
-        self.pos = stream_positions(g, cp.schedule)
-        self.stream = {v: g.nodes[v]["stream"] for v in self.schedule}
-        self.ctx = {v: frozenset(g.nodes[v]["ctx"]) for v in self.schedule}
+        self.stream = {v: nodes[v]["stream"] for v in self.schedule}
+        self.pos, counters = {}, {}
+        for v in self.schedule:
+            s = self.stream[v]
+            counters[s] = counters.get(s, 0) + 1
+            self.pos[v] = counters[s]
+        self.ctx = {v: frozenset(nodes[v]["ctx"]) for v in self.schedule}
         rec = {e: info.get("op") for e, info in cp.events.items()}
         # recorders waited on; ENTRY is the call's start on main, recorded before any op
-        self.waits = {v: [ENTRY if e == ENTRY else rec[e] for e in g.nodes[v]["waits"] if e == ENTRY or rec.get(e)]
+        self.waits = {v: [ENTRY if e == ENTRY else rec[e] for e in nodes[v]["waits"] if e == ENTRY or rec.get(e)]
                       for v in self.schedule}
         self._first: dict = {}       # non-empty guard set -> schedule index of its first op
         for i, v in enumerate(self.schedule):
@@ -264,7 +269,7 @@ def happens_before(cp: Compiled, order: Order | None = None):
     memo: dict = {"_tensors": cp.tensors}
 
     def dests(v):
-        if not is_view(g, v):
+        if v in order.index:
             return [v]
         out = []
         for w in g.successors(v):
@@ -272,6 +277,6 @@ def happens_before(cp: Compiled, order: Order | None = None):
         return out
 
     def hb(u, v):
-        srcs = {u} if not is_view(g, u) else real_preds(g, u, memo)
+        srcs = {u} if u in order.index else real_preds(g, u, memo)
         return all(order.hb(a, b) for a in srcs for b in dests(v))
     return hb

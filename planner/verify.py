@@ -28,7 +28,8 @@ def verify(cp: Compiled) -> Order | None:
     if not cp.schedule and not nx.is_directed_acyclic_graph(g):
         raise VerifyError(f"graph has a cycle: {nx.find_cycle(g)}")
     producers: dict[str, str] = {}
-    for v, d in g.nodes(data=True):
+    nodes = dict(g.nodes(data=True))
+    for v, d in nodes.items():
         op = d["op"]
         if op.id != v:
             raise VerifyError(f"node {v} carries op {op.id}")
@@ -44,8 +45,8 @@ def verify(cp: Compiled) -> Order | None:
             p = cp.tensors[name].producer
             if p is not None and not g.has_edge(p, v):
                 raise VerifyError(f"missing edge {p} -> {v} for {name}")
-            if p is not None and op.op != "select" and not _ctx_visible(g.nodes[p]["ctx"], d["ctx"]):
-                raise VerifyError(f"{v} (ctx {d['ctx']}) reads {name} from another variant ({g.nodes[p]['ctx']})")
+            if p is not None and op.op != "select" and not _ctx_visible(nodes[p]["ctx"], d["ctx"]):
+                raise VerifyError(f"{v} (ctx {d['ctx']}) reads {name} from another variant ({nodes[p]['ctx']})")
         if d["stream"] not in cp.streams:
             raise VerifyError(f"{v} is on unknown stream {d['stream']}")
     for name, t in cp.tensors.items():
@@ -95,8 +96,9 @@ def _verify_schedule(cp: Compiled, events: bool) -> None:
     if not events:
         return None
     recorded: dict[str, str | None] = {"entry": None} if "entry" in cp.events else {}
+    nodes = dict(g.nodes(data=True))
     for v in cp.schedule:
-        d = g.nodes[v]
+        d = nodes[v]
         for e in d["waits"]:
             if e not in recorded:
                 raise VerifyError(f"{v} waits on event {e} that is not recorded before it")
@@ -110,9 +112,10 @@ def _verify_schedule(cp: Compiled, events: bool) -> None:
     # every cross-stream dependency must be ordered by a chain of waits, in every call
     order = Order(cp)
     hb = happens_before(cp, order)
+    stream = {v: d["stream"] for v, d in g.nodes(data=True)}
     for u, v in g.edges:
-        if g.nodes[u]["stream"] != g.nodes[v]["stream"] and not hb(u, v):
-            raise VerifyError(f"{v} on {g.nodes[v]['stream']} reads from {u} on {g.nodes[u]['stream']} without an event")
+        if stream[u] != stream[v] and not hb(u, v):
+            raise VerifyError(f"{v} on {stream[v]} reads from {u} on {stream[u]} without an event")
     # reads of plan inputs on side streams: ordered after the call's start on main
     memo: dict = {"_tensors": cp.tensors}
     for v in order.schedule:
