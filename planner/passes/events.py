@@ -4,8 +4,8 @@ schedule — Pre: streams assigned. Post: cp.schedule lists every op once in a
 deterministic topological order (plan order among ready ops).
 
 derive-events — Pre: a schedule. Post: each op's `waits`/`records` and
-cp.events/cp.exit_waits, such that every cross-stream dependency is ordered and
-no wait is redundant. Views (split/slice/view/select) do no GPU work: a reader
+cp.events/cp.exit_waits, such that every cross-stream dependency is ordered in
+every call, whichever variants run, and no wait repeats what its stream already knows. Views (split/slice/view/select) do no GPU work: a reader
 of a view depends on the view's producer instead, and views never wait.
 Vector clocks give minimality: an op waits on stream t only if what it needs on
 t is later than everything its stream already knows to be complete, and then
