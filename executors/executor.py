@@ -226,6 +226,9 @@ class Executor:
         if cuda:
             self._join(main, started, recorded)
         self.last_variants = chosen
+        # keep no intermediate alive past the call: under a CUDA graph (cudagraph trees) every live
+        # allocation of the pool must be an output
+        facts.tensors = GateTensors(inputs, self._specs, facts.dims)
         self.last_facts = facts
         if tracing:
             self.last_trace = self._trace_records(recs)

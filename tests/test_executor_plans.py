@@ -161,3 +161,32 @@ def test_default_externs_are_deterministic_and_shaped():
     y2 = b["kda_input"](h, out_shape=(4, 64), dtype=torch.bfloat16)
     assert torch.equal(y1, y2) and y1.shape == (4, 64)
     assert not torch.equal(a["residual"](h, out_shape=(4, 64), dtype=torch.bfloat16), y1)
+
+
+def test_no_intermediate_outlives_the_call(tmp_path):
+    """Under cudagraph trees every live allocation of the graph pool must be an output, so the
+    executor may keep no intermediate alive after a call (it once did through last_facts)."""
+    import weakref
+
+    import torch
+
+    from executors import build_executor
+    from tests.planutil import compiled
+
+    cp = compiled(tmp_path, """
+outputs: [y]
+ops:
+  - h: extern(scale2, x, shape=[num_tokens, hidden])
+  - y: gemm(h, w)
+""", tp_size=1)
+    made = []
+
+    def scale2(x):
+        t = x * 2
+        made.append(weakref.ref(t))
+        return t
+    ex = build_executor(cp, {"w": torch.randn(32, 64, dtype=torch.bfloat16),
+                             "w2": torch.randn(16, 64, dtype=torch.bfloat16)}, externs={"scale2": scale2})
+    out = ex(x=torch.randn(5, 64, dtype=torch.bfloat16))
+    assert out["y"].shape == (5, 32) and len(made) == 1
+    assert made[0]() is None, "an intermediate is still referenced after the call"

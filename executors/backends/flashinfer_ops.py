@@ -141,6 +141,8 @@ def _quant_supports(op, specs, device):
         return f"per_token_group_quant_8bit makes e4m3 only, not {op.dtype}"
     if specs[0].dtype not in ("bf16", "fp16"):
         return f"needs bf16 or fp16 input, got {specs[0].dtype}"
+    if op.block[1] != 128:  # the native CUDA kernel's one group size (the cutile one needs cuda.tile at run time)
+        return f"the native kernel takes groups of 128, not {op.block[1]}"
     return flashinfer_reason(device, 90)
 
 
@@ -153,6 +155,6 @@ def _fi_quantize(op, bctx):
         x = ins[0]
         if not x.is_contiguous():
             return list(quantize_reference(x, dt, g))
-        q, s = per_token_group_quant_8bit(x, g, dst_dtype=dt)
+        q, s = per_token_group_quant_8bit(x, g, dst_dtype=dt, backend="cuda")
         return [q, s.contiguous()]  # row-major scales, as the plan declares them
     return run
