@@ -223,11 +223,10 @@ def test_fused_supports_and_configs():
 
     t_all, t0, p, c = fused_grid(ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)
     assert (t_all, t0, p, c) == (393, 384, 8, 12)
-    # 12 consumer blocks of one pass at every M (run53: two passes at m_tile 16, the default of
-    # run34-run35, became 2-4 us slower than one pass with minb 3)
+    # 12 consumer blocks of one pass at every M, 3 blocks per SM
     assert [fused_grid(ec.default_fused_config(m, NP, 7168, NFA, NQ), NP, NQ, NFA, NFB)[3]
             for m in (1, 4, 5, 8, 9, 15, 16)] == [12] * 7
-    assert {ec.default_fused_config(m, NP, 7168, NFA, NQ).minb for m in (1, 8, 9, 16)} == {3}
+    assert {ec.default_fused_config(m, NP, 7168, NFA, NQ).min_blocks_per_sm for m in (1, 8, 9, 16)} == {3}
 
 
 @pytest.mark.parametrize("m", [4, 12, 16])
@@ -244,33 +243,36 @@ def test_fused_ptx(m):
     assert ptx.find("ld.global.nc") < waits[0]
     # the Kimi-K3 f_a columns are tile-aligned: consumers take f_a through tagged pairs
     # (test_fused_tagged_handoff_ptx); the counter handoff: test_publish_one_fence_per_block_ptx
-    assert cfg.tag == 1 and "vote.sync.all.pred" in ptx and "fence.acq_rel" not in ptx
-    assert ec.default_fused_config(m, NP, 7168, NFA).tag == 0, "f_a column unknown: counter"
-    assert ec.default_fused_config(m, NP, 7168, NFA, NQ - 8).tag == 0, "not tile-aligned: counter"
+    assert cfg.tagged_handoff == 1 and "vote.sync.all.pred" in ptx and "fence.acq_rel" not in ptx
+    assert ec.default_fused_config(m, NP, 7168, NFA).tagged_handoff == 0, "f_a column unknown: counter"
+    assert ec.default_fused_config(m, NP, 7168, NFA, NQ - 8).tagged_handoff == 0, "not tile-aligned: counter"
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert ".local" not in ptx
-    # the producers bulk-prefetch their weight rows into L2 (ppf) before the wait, and the
-    # warps interleave their K steps (ki); without tag only at m_tile 8
-    assert cfg.ppf == cfg.ki == 1
+    # the producers bulk-prefetch their weight rows into L2 before the wait, and the warps
+    # interleave their K steps; without the tagged handoff only at m_tile 8
+    assert cfg.prefetch_producer_weights == cfg.interleave_k == 1
     untagged = ec.default_fused_config(m, NP, 7168, NFA, NQ - 8)
-    assert untagged.ppf == untagged.ki == (1 if m <= 8 else 0)
+    assert untagged.prefetch_producer_weights == untagged.interleave_k == (1 if m <= 8 else 0)
     # dispatch: the tagged kernel up to FUSED_TAG_MAX_M, the counter one up to FUSED_MAX_M, else
     # two launches
     assert ec.fused_is_default(cfg, m) == (m <= ec.FUSED_TAG_MAX_M)
     assert ec.fused_is_default(untagged, m) == (m <= ec.FUSED_MAX_M)
-    if cfg.ppf:
+    if cfg.prefetch_producer_weights:
         assert "cp.async.bulk.prefetch.L2.global" in ptx
         assert ptx.find("cp.async.bulk.prefetch") < waits[0]
     else:
         assert "cp.async.bulk.prefetch" not in ptx
 
 
-def test_dbg_timeline_knob():
-    """dbg stamps %globaltimer/%smid from one thread per block; only for the fused kind."""
-    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, dbg=1).check(8, NP, 7168)
-    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, ppf=1).check(8, NP, 7168)
-    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
-    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_dbg_pdl1")
+def test_timeline_switch():
+    """timeline (the one debug switch) stamps %globaltimer/%smid from one thread per block; only
+    for the fused kind, never in a default."""
+    assert "timeline" in ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, timeline=True).check(8, NP, 7168)
+    assert "prefetch_producer_weights" in ec.Config(
+        "stream", m_tile=8, tiles=2, warps_k=8, unroll=4, prefetch_producer_weights=True).check(8, NP, 7168)
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, prefetch_producer_weights=True,
+                  timeline=True)
+    assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_timeline_pdl1")
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -281,25 +283,39 @@ def test_dbg_timeline_knob():
         ec.default_fused_config(8, NP, 7168, NFA, NQ), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
 
 
-def test_dbg_mid_stamp_modes():
-    """dbg 2..5 move the consumers' mid stamp (after the last mma, after the g1 stores, when the
-    second polling warp is done, after the barrier and a shared load): still one per consumer, and
-    the ones that must wait for a value read the timer through a dependence on it."""
-    base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
-    cs = {d: dataclasses.replace(base, dbg=d) for d in range(1, 6)}
-    for d, c in cs.items():
-        assert ec.check_fused(c, 16, NP, 7168, NQ, NFB, NFA) is None
-        assert c.key().endswith("_dbg_pdl1" if d == 1 else f"_dbg{d}_pdl1")
-    assert "dbg" in dataclasses.replace(base, dbg=6).check(16, NP, 7168)
-    assert "dbg" in dataclasses.replace(base, dbg=4, tag=0).check(16, NP, 7168)
-    if not ec.importable():
-        pytest.skip("nvidia-cutlass-dsl not importable")
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    ptx = {d: ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a") for d, c in cs.items()}
-    stamps = {d: p.count("%globaltimer") for d, p in ptx.items()}
-    assert len(set(stamps.values())) == 1, stamps
-    # globaltimer_after compares its input with 1.0000001f (0f3F800001) before reading the timer
-    assert {d for d, p in ptx.items() if "0f3F800001" in p} == {2, 4, 5}
+def test_config_names_and_old_keys():
+    """Configs read from dicts with the field names or the short keys tuning files stored before
+    the settings were named in words; unknown or removed settings are refused by name."""
+    old = {"kind": "fused", "m_tile": 8, "tiles": 2, "warps_k": 8, "unroll": 4, "fb_tiles": 2, "minb": 3,
+           "carve": -1, "pf": 0, "wl": 2, "swap": 1, "ki": 1, "ppf": 1, "tag": 1, "fbpf": 3, "gst": 1,
+           "pwu": 0, "dx": 0, "dbg": 0}
+    c = ec.Config.from_dict(old)
+    assert c == ec.default_fused_config(8, NP, 7168, NFA, NQ, True)
+    assert c.weights_as_a is True and c.tagged_handoff is True and c.min_blocks_per_sm == 3
+    assert ec.Config.from_dict(c.to_dict()) == c and set(c.to_dict()).isdisjoint(old.keys() - {
+        "kind", "m_tile", "tiles", "warps_k", "unroll", "fb_tiles"})
+    with pytest.raises(ValueError, match="'dx' was removed"):
+        ec.Config.from_dict({**old, "dx": 1})
+    with pytest.raises(ValueError, match="unknown cute config setting 'ost'"):
+        ec.Config.from_dict({**old, "ost": 1})
+    with pytest.raises(ValueError, match="given twice"):
+        ec.Config.from_dict({**old, "tagged_handoff": True})
+    assert "switch" in ec.Config("fused", m_tile=8, fb_tiles=2, tagged_handoff=2).check(8, NP, 7168)
+    import json
+
+    from tests.planutil import ROOT
+
+    # the tuning files in the tree (results/, or shipped with the package) still load
+    loaded = 0
+    for f in sorted(p for d in ("results", "executors", "planner") for p in (ROOT / d).rglob("*.json")):
+        data = json.loads(f.read_text())
+        backends = data.get("backends") if isinstance(data, dict) else None
+        for entry in (backends or {}).values():
+            if isinstance(entry, dict) and entry.get("backend") == "cute" and entry.get("config"):
+                cfg = ec.Config.from_dict(entry["config"])
+                assert ec.Config.from_dict(cfg.to_dict()) == cfg, f
+                loaded += 1
+    assert loaded > 0
 
 
 def test_publish_one_fence_per_block_ptx():
@@ -310,7 +326,7 @@ def test_publish_one_fence_per_block_ptx():
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     for m in (4, 16):
         cfg = ec.default_fused_config(m, NP, 7168, NFA)  # f_a column unknown: counter handoff
-        assert cfg.tag == 0
+        assert cfg.tagged_handoff == 0
         ptx = ec.compile_fused_for_arch(cfg, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         f, red = ptx.index("fence.acq_rel.gpu"), ptx.index("red.release.gpu.global.add.u32")
         bars = [i.start() for i in re.finditer(r"bar\.sync", ptx) if i.start() < red]
@@ -323,19 +339,19 @@ def test_publish_one_fence_per_block_ptx():
 
 
 def test_fused_tagged_handoff_ptx():
-    """tag=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, one warp
+    """tagged_handoff=1: producers store f_a a second time as (bf16x2, epoch + 1) 64-bit pairs, one warp
     per 8 rows of each consumer spins on those pairs (128-bit relaxed loads, warp vote) and
     stages them in shared memory; no fence and no counter on the critical path; the epoch is
     the 64-bit arrival word / EPOCH_SPAN, read after the PDL wait, and every producer and
     consumer adds its share with one fire-and-forget red (no atomic round trip)."""
     from executors.cute.config import fused_tag_offset, fused_workspace_words
 
-    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, tag=1)
+    c = ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, prefetch_producer_weights=1, tagged_handoff=1)
     assert ec.check_fused(c, 8, NP, 7168, NQ, NFB, NFA) is None and c.key().endswith("_ppf_tag_pdl1")
     assert ec.Config.from_dict(c.to_dict()) == c
     # f_a need not be tile-aligned: the producer tiles overhanging it store no pairs there
     assert ec.check_fused(c, 8, NP, 7168, NQ - 8, NFB, NFA) is None
-    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, tag=1).check(8, NP, 7168)
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, tagged_handoff=1).check(8, NP, 7168)
     off = fused_tag_offset(c, NP, NQ, NFA, NFB)
     assert off % 256 == 0 and off >= 16 + 32 * 405
     assert fused_workspace_words(c, NP, NQ, NFA, NFB) == off // 4 + 8 * NFA
@@ -343,7 +359,7 @@ def test_fused_tagged_handoff_ptx():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     for mt in (8, 16):
-        cm = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tag=1)
+        cm = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tagged_handoff=1)
         ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
         assert len(waits) == 2 and ptx.find("ld.global.nc") < waits[0]
@@ -360,71 +376,71 @@ def test_fused_tagged_handoff_ptx():
 
 
 def test_fused_store_knobs_ptx():
-    """gst 1: the consumers store g1 as bf16x2 pairs (one 32-bit store per two columns); gst 2:
+    """g1_stores 1: the consumers store g1 as bf16x2 pairs (one 32-bit store per two columns); 2:
     staged in shared memory, one 16-byte store per row chunk. Their shape checks; a tagged config
     whose tiles overhang f_a (3 warps along N: 48-row tiles, f_a 128 columns) compiles with a
     guard on the pair stores."""
     base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
-    assert base.gst == 1 and ec.Config.from_dict(base.to_dict()) == base and "_gs_" in base.key()
-    g2 = dataclasses.replace(base, gst=2)
+    assert base.g1_stores == 1 and ec.Config.from_dict(base.to_dict()) == base and "_gs_" in base.key()
+    g2 = dataclasses.replace(base, g1_stores=2)
     assert "_gs2_" in g2.key() and ec.check_fused(g2, 16, NP, 7168, NQ, NFB, NFA) is None
     assert "N_B" in ec.check_fused(base, 16, NP, 7168, NQ, NFB - 1, NFA)
     assert "N_B" in ec.check_fused(dataclasses.replace(g2, fb_passes=2), 16, NP, 7168, NQ, NFB, NFA)
     assert "N_B" in ec.check_fused(g2, 16, NP, 7168, NQ, NFB - 4, NFA)
-    assert "gst" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, gst=1).check(8, NP, 7168)
-    assert "gst" in dataclasses.replace(base, gst=3).check(16, NP, 7168)
-    wn3 = dataclasses.replace(base, warps_n=3, minb=1)
+    assert "g1_stores" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, g1_stores=1).check(8, NP, 7168)
+    assert "g1_stores" in dataclasses.replace(base, g1_stores=3).check(16, NP, 7168)
+    wn3 = dataclasses.replace(base, warps_n=3, min_blocks_per_sm=1)
     assert ec.check_fused(wn3, 16, NP, 7168, NQ, NFB, NFA) is None
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    plain = dataclasses.replace(base, gst=0)
+    plain = dataclasses.replace(base, g1_stores=0)
     counts = {}
     for c in (plain, base, g2, wn3):
         ptx = ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         assert ".local" not in ptx
         counts[c.key()] = [ptx.count(i) for i in ("st.global.b32", "st.global.v4.b32")]
-    # g1 pairs: 2 n8 tiles x 2 row halves per lane; gst 2: one 16-byte chunk per thread
+    # g1 pairs: 2 n8 tiles x 2 row halves per lane; g1_stores 2: one 16-byte chunk per thread
     assert counts[plain.key()] == [0, 0]
     assert counts[base.key()] == [4, 0] and counts[g2.key()] == [0, 1]
     assert counts[wn3.key()] == [4, 0]
 
 
 def test_fused_prologue_loads_ptx():
-    """pwu: only the first pwu of iteration 0's K steps (2 weight vectors each with the swapped
+    """prologue_k_steps: only the first prologue_k_steps of iteration 0's K steps (2 weight vectors each with the swapped
     roles) are loaded before the stream part's PDL wait, the rest right after it; 0 = all 4."""
     base = ec.default_fused_config(16, NP, 7168, NFA, NQ, True)
-    assert base.pwu == 3 and base.key().endswith("_gs_pw3_pdl1")
-    assert "pwu" in dataclasses.replace(base, pwu=5).check(16, NP, 7168)
-    assert "pwu" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, pwu=1).check(8, NP, 7168)
+    assert base.prologue_k_steps == 3 and base.key().endswith("_gs_pw3_pdl1")
+    assert "prologue_k_steps" in dataclasses.replace(base, prologue_k_steps=5).check(16, NP, 7168)
+    assert "prologue_k_steps" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, prologue_k_steps=1).check(8, NP, 7168)
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     ld = "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
     for pw, before in ((0, 8), (3, 6), (1, 2)):
-        ptx = ec.compile_fused_for_arch(dataclasses.replace(base, pwu=pw), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
+        ptx = ec.compile_fused_for_arch(dataclasses.replace(base, prologue_k_steps=pw), NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         wait = ptx.index("griddepcontrol.wait")
         assert ptx[:wait].count(ld) == before, pw
         assert ptx.count(ld) == ec.compile_fused_for_arch(base, NP, 7168, NQ, NFB, NFA, arch="sm_90a").count(ld)
 
 
 def test_fused_wfb_prefetch_ptx():
-    """fbpf: the producers bulk-prefetch W_FB into L2 once, after the mma steps of stream
-    iteration NIT - fbpf (the m_tile-8 default: 3; run41's M = 16 variant: 2), inside the streaming part
+    """prefetch_fb_l2: the producers bulk-prefetch W_FB into L2 once, after the mma steps of stream
+    iteration NIT - prefetch_fb_l2 (the m_tile-8 default: 3; an M = 16 variant: 2), inside the streaming part
     (after its PDL wait, before the consumers'); the m_tile-8 default stays at <= 80 registers
-    through minb 3, without local memory in the PTX."""
+    through min_blocks_per_sm 3, without local memory in the PTX."""
     c = ec.default_fused_config(8, NP, 7168, NFA, NQ)
-    assert (c.fbpf, c.minb, c.fb_passes) == (3, 3, 1) and c.key().endswith("_tag_wb3_pdl1")
+    assert (c.prefetch_fb_l2, c.min_blocks_per_sm, c.fb_passes) == (3, 3, 1) and c.key().endswith("_tag_wb3_pdl1")
     assert ec.Config.from_dict(c.to_dict()) == c
-    assert ec.default_fused_config(16, NP, 7168, NFA, NQ).fbpf == 0
-    assert ec.default_fused_config(12, NP, 7168, NFA, NQ).fbpf == 0
-    assert ec.default_fused_config(8, NP, 7168, NFA).fbpf == 0  # untagged: not measured
-    assert "fused" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, fbpf=2).check(8, NP, 7168)
+    assert ec.default_fused_config(16, NP, 7168, NFA, NQ).prefetch_fb_l2 == 0
+    assert ec.default_fused_config(12, NP, 7168, NFA, NQ).prefetch_fb_l2 == 0
+    assert ec.default_fused_config(8, NP, 7168, NFA).prefetch_fb_l2 == 0  # untagged: not measured
+    assert "fused" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, prefetch_fb_l2=2).check(8, NP, 7168)
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     nit = 7168 // 32 // (8 * 4)
-    m16 = dataclasses.replace(ec.default_fused_config(16, NP, 7168, NFA, NQ), fbpf=2, minb=3, fb_passes=1)
+    m16 = dataclasses.replace(ec.default_fused_config(16, NP, 7168, NFA, NQ), prefetch_fb_l2=2, min_blocks_per_sm=3, fb_passes=1)
     for cm in (c, m16):
         ptx = ec.compile_fused_for_arch(cm, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
         waits = [i.start() for i in re.finditer(r"griddepcontrol\.wait", ptx)]
@@ -433,7 +449,7 @@ def test_fused_wfb_prefetch_ptx():
         assert len(waits) == 2 and len(inside) == 1, (cm.key(), len(inside))
         # 2 mma.sync per 32-wide K step: unroll 4 x 2 tiles x 2 per iteration
         mmas = ptx.count("mma.sync.aligned", waits[0], inside[0])
-        assert mmas == 16 * (nit - cm.fbpf + 1), (cm.key(), mmas)
+        assert mmas == 16 * (nit - cm.prefetch_fb_l2 + 1), (cm.key(), mmas)
         assert ".local" not in ptx
 
 
@@ -481,31 +497,31 @@ def test_epoch_shares_sum_to_one_span():
 
 
 def test_variant_knobs_compile():
-    """The run7/run8 experiment knobs (measured slower on the H200, kept selectable):
-    L2 bulk prefetch (pf), launch attributes (minb, carve), consumer passes (fb_passes)."""
+    """Settings measured slower on the H200, kept selectable: L2 bulk prefetch
+    (l2_prefetch_distance), launch attributes (min_blocks_per_sm, smem_carveout), consumer passes."""
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from executors.cute.config import fused_grid
 
-    c = ec.Config("fused", m_tile=16, tiles=2, warps_k=8, unroll=4, fb_tiles=2, fb_passes=4, pf=2)
+    c = ec.Config("fused", m_tile=16, tiles=2, warps_k=8, unroll=4, fb_tiles=2, fb_passes=4, l2_prefetch_distance=2)
     assert ec.check_fused(c, 16, NP, 7168, NQ, NFB, NFA) is None
     assert fused_grid(c, NP, NQ, NFA, NFB)[3] == 3 and c.key().endswith("_pf2_fp4_pdl1")
     ptx = ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
     assert "cp.async.bulk.prefetch.L2.global" in ptx
     assert ptx.find("cp.async.bulk.prefetch") < ptx.find("griddepcontrol.wait")
     assert ".local" not in ptx
-    # fused with warps along N (run17): grid and consumer count follow warps_n
+    # fused with warps along N: grid and consumer count follow warps_n
     w = ec.Config("fused", m_tile=8, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1)
     assert ec.check_fused(w, 8, NP, 7168, NQ, NFB, NFA) is None and "_t1_wn2_wk8_" in w.key()
     assert fused_grid(w, NP, NQ, NFA, NFB) == (393, 384, 8, 12)
     ptx = ec.compile_fused_for_arch(w, NP, 7168, NQ, NFB, NFA, arch="sm_90a")
     assert ".maxntid 512" in ptx or "512, 1, 1" in ptx or ".reqntid 512" in ptx
     assert ".local" not in ptx
-    s = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, minb=3, carve=0)
+    s = ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, min_blocks_per_sm=3, smem_carveout=0)
     ptx = ec.compile_for_arch(s, NP, 7168, arch="sm_90a")
     assert re.search(r"\.minnctapersm\s+3", ptx) and "griddepcontrol.wait" in ptx
-    assert ec.Config("stream", minb=9, warps_k=8).check(8, NP, 7168) is not None
+    assert ec.Config("stream", min_blocks_per_sm=9, warps_k=8).check(8, NP, 7168) is not None
 
 
 @pytest.mark.gpu
@@ -546,29 +562,29 @@ def test_gpu_fused_warps_n(m):
     x, wp, wb = _fused_inputs(m, 800 + m)
     for tag in (0, 1, 1, 0):  # both f_a handoffs, sharing the stream's workspace
         cfg = ec.Config("fused", m_tile=mt, tiles=1, warps_n=2, warps_k=8, unroll=4, fb_tiles=1,
-                        ppf=1, tag=tag)
+                        prefetch_producer_weights=1, tagged_handoff=tag)
         out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
         g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
         x.copy_(torch.randn_like(x))
         for _ in range(2):
             ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
         torch.cuda.synchronize()
-        _check(out, x.float() @ wp.float().t(), f"fused wn2 tag={tag} out M={m}")
-        _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused wn2 tag={tag} g1 M={m}")
+        _check(out, x.float() @ wp.float().t(), f"fused wn2 tagged_handoff={tag} out M={m}")
+        _check(g1, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"fused wn2 tagged_handoff={tag} g1 M={m}")
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("m", [1, 16])
-def test_gpu_fused_dbg_stamps(m):
-    """dbg timeline records: one per block, start <= mid <= end, consumers see f_a only
+def test_gpu_fused_timeline_stamps(m):
+    """timeline records: one per block, start <= mid <= end, consumers see f_a only
     after every producer stamped its mid point; outputs stay correct."""
     import torch
 
     from executors.cute.config import fused_grid, fused_workspace_words
 
     mt = 8 if m <= 8 else 16
-    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ppf=1, dbg=1)
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, prefetch_producer_weights=1, timeline=True)
     t_all, _, p, c = fused_grid(cfg, NP, NQ, NFA, NFB)
     x, wp, wb = _fused_inputs(m, 700 + m)
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -577,8 +593,8 @@ def test_gpu_fused_dbg_stamps(m):
     ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg, workspace=ws)
     torch.cuda.synchronize()
     ref = x.float() @ wp.float().t()
-    _check(out, ref, "dbg out")
-    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), "dbg g1")
+    _check(out, ref, "timeline out")
+    _check(g1, ref[:, NQ:NQ + NFA] @ wb.float().t(), "timeline g1")
     rec = ws[4:4 + 8 * (t_all + c)].view(torch.int64).view(t_all + c, 4).cpu()
     assert int(ws[0]) == 0, "counter must reset itself"
     assert (rec[:, 0] > 0).all() and (rec[:, 2] >= rec[:, 0]).all()
@@ -620,19 +636,19 @@ def test_gpu_fused_graph_side_stream(m):
 @gpu
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_gpu_fused_tagged_handoff(m):
-    """tag=1: poisoned outputs, fp32 reference, g1 against the bf16 f_a the kernel wrote;
+    """tagged_handoff=1: poisoned outputs, fp32 reference, g1 against the bf16 f_a the kernel wrote;
     launches alternate with counter-handoff launches on the same workspace; then a graph of
     two steps captured on a side stream, replayed on fresh inputs."""
     import torch
 
     mt = 8 if m <= 8 else 16
-    tagged = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tag=1,
-                       ppf=1 if mt == 8 else 0)
+    tagged = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, tagged_handoff=1,
+                       prefetch_producer_weights=1 if mt == 8 else 0)
     plain = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2)
     # 6 consumer blocks instead of 12: another arrival count on the same epoch word
-    fewer = dataclasses.replace(tagged, fb_passes=2, ppf=1, ki=1)
-    # producers prefetching W_FB into L2 (fbpf; the M <= 8 and M = 16 defaults)
-    wbp = dataclasses.replace(fewer, fb_passes=1, fbpf=3, minb=3)
+    fewer = dataclasses.replace(tagged, fb_passes=2, prefetch_producer_weights=1, interleave_k=1)
+    # producers prefetching W_FB into L2 (prefetch_fb_l2, the M <= 8 default)
+    wbp = dataclasses.replace(fewer, fb_passes=1, prefetch_fb_l2=3, min_blocks_per_sm=3)
     x, wp, wb = _fused_inputs(m, 1200 + m)
     outs = [(torch.empty(m, NP, device="cuda", dtype=torch.bfloat16),
              torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
@@ -659,16 +675,16 @@ def test_gpu_fused_tagged_handoff(m):
     with torch.cuda.graph(graph, stream=side):
         for (o, g), cfg in zip(outs, (tagged, wbp), strict=True):
             ec.kda_fused_step(x, wp, wb, o, g, fa_col=NQ, config=cfg)
-    _replay_fresh(graph, x, outs, lambda: check("graph tagged + fbpf"))
+    _replay_fresh(graph, x, outs, lambda: check("graph tagged + prefetch_fb_l2"))
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("m", [3, 9, 16])
 def test_gpu_fused_store_knobs(m):
-    """gst 1 / 2 (swapped roles on the prepacked weight, and the x-as-A roles), and the
+    """g1_stores 1 / 2 (swapped roles on the prepacked weight, and the x-as-A roles), and the
     tagged handoff with producer tiles overhanging f_a (f_a at NQ - 8; 3 warps along N), g1 in
-    a row-offset view (4-byte aligned rows: gst 1 runs, gst 2 is refused): poisoned outputs,
+    a row-offset view (4-byte aligned rows: g1_stores 1 runs, 2 is refused): poisoned outputs,
     fp32 reference, repeated launches on one workspace."""
     import torch
 
@@ -676,11 +692,11 @@ def test_gpu_fused_store_knobs(m):
     w2 = ec.tile_weights(wp, 2)
     ref = x.float() @ wp.float().t()
     sw = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
-    xa = dataclasses.replace(ec.default_fused_config(m, NP, 7168, NFA, NQ), gst=0)
-    runs = [(dataclasses.replace(sw, gst=g), w2, NQ) for g in (1, 2)]
-    runs += [(dataclasses.replace(xa, gst=g), wp, NQ) for g in (1, 2)]
-    runs += [(dataclasses.replace(sw, warps_n=3, minb=1), w2, NQ),
-             (dataclasses.replace(xa, tag=1, gst=1), wp, NQ - 8)]
+    xa = dataclasses.replace(ec.default_fused_config(m, NP, 7168, NFA, NQ), g1_stores=0)
+    runs = [(dataclasses.replace(sw, g1_stores=g), w2, NQ) for g in (1, 2)]
+    runs += [(dataclasses.replace(xa, g1_stores=g), wp, NQ) for g in (1, 2)]
+    runs += [(dataclasses.replace(sw, warps_n=3, min_blocks_per_sm=1), w2, NQ),
+             (dataclasses.replace(xa, tagged_handoff=1, g1_stores=1), wp, NQ - 8)]
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
     for cfg, w, a0 in runs:
@@ -696,14 +712,14 @@ def test_gpu_fused_store_knobs(m):
     gv = big[:, 2:]  # rows 4-byte aligned, not 16
     ec.kda_fused_step(x, w2, wb, out, gv, fa_col=NQ, config=runs[0][0])
     torch.cuda.synchronize()
-    _check(gv, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"gst 1 into a view M={m}")
+    _check(gv, out[:, NQ:NQ + NFA].float() @ wb.float().t(), f"g1_stores 1 into a view M={m}")
     assert torch.isnan(big[:, :2].float()).all()
     with pytest.raises(ValueError, match="aligned to 16 bytes"):
         ec.kda_fused_step(x, w2, wb, out, gv, fa_col=NQ, config=runs[1][0])
 
 
 def test_tiled_weight_layout():
-    """wl=1: the weight is prepacked so each (8-row tile, 32-wide K step) is one 512-byte block
+    """weight_layout=1: the weight is prepacked so each (8-row tile, 32-wide K step) is one 512-byte block
     in lane order; the kernels then load lane*16 + step*512 from the tile's base."""
     import torch
 
@@ -714,12 +730,12 @@ def test_tiled_weight_layout():
         assert torch.equal(t[(tile * 2 + step) * 32 + lane], w[tile * 8 + g, step * 32 + tt * 8:][:8])
     with pytest.raises(ValueError, match="N % 8"):
         ec.tile_weights(torch.zeros(12, 64))
-    assert "tiled" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, wl=1, pf=1).check(8, NP, 7168)
+    assert "tiled" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, weight_layout=1, l2_prefetch_distance=1).check(8, NP, 7168)
     if not ec.importable():
         pytest.skip("nvidia-cutlass-dsl not importable")
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    for c in (ec.Config("stream", m_tile=16, tiles=2, warps_k=8, unroll=4, wl=1),
-              ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, wl=1)):
+    for c in (ec.Config("stream", m_tile=16, tiles=2, warps_k=8, unroll=4, weight_layout=1),
+              ec.Config("fused", m_tile=8, tiles=2, warps_k=8, unroll=4, fb_tiles=2, weight_layout=1)):
         ptx = (ec.compile_fused_for_arch(c, NP, 7168, NQ, NFB, NFA, arch="sm_90a") if c.kind == "fused"
                else ec.compile_for_arch(c, NP, 7168, arch="sm_90a"))
         assert c.key().count("_wl1") == 1 and ".local" not in ptx
@@ -749,7 +765,7 @@ def _mma_m16n8k16(afrag, bfrag):
 
 
 def test_swap_layout_feeds_mma_fragments():
-    """swap = 1 / wl = 2: with the weights prepacked by tile_weights(w, 2), the 16 bytes lane
+    """weights_as_a / weight_layout 2: with the weights prepacked by tile_weights(w, 2), the 16 bytes lane
     g*4+t loads at (tile * K/32 + step) * 1024 + half * 512 + lane * 16 are its A fragment of k16
     step `half`, the 16 bytes it loads from x row g (columns step*32 + t*8 ..) are its B fragments
     of both k16 steps, and _acc_entries maps the accumulators back to out[token, n] - checked by
@@ -789,20 +805,20 @@ def test_swap_layout_feeds_mma_fragments():
     assert len(seen) == mt * 16
     with pytest.raises(ValueError, match="N % 16"):
         ec.tile_weights(torch.zeros(24, 64), 2)
-    assert "swap" in ec.Config("stream", m_tile=8, tiles=1, warps_k=8, unroll=4, swap=1, wl=2).check(8, NP, 7168)
-    assert "swap" in ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, wl=2).check(8, NP, 7168)
-    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, swap=1, wl=2).check(8, NP, 7168) is None
-    # defaults with a prepacked weight (run49): swap at both m_tiles, fused at every M
+    assert "weights_as_a" in ec.Config("stream", m_tile=8, tiles=1, warps_k=8, unroll=4, weights_as_a=1, weight_layout=2).check(8, NP, 7168)
+    assert "weights_as_a" in ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, weight_layout=2).check(8, NP, 7168)
+    assert ec.Config("stream", m_tile=8, tiles=2, warps_k=8, unroll=4, weights_as_a=1, weight_layout=2).check(8, NP, 7168) is None
+    # defaults with a prepacked weight: weights as A at both m_tiles, fused at every M
     for m in (1, 8, 9, 16):
         c = ec.default_fused_config(m, NP, 7168, NFA, NQ, True)
-        assert (c.swap, c.wl, c.fb_passes, c.fbpf, c.minb, c.gst, c.pwu) == (
+        assert (c.weights_as_a, c.weight_layout, c.fb_passes, c.prefetch_fb_l2, c.min_blocks_per_sm, c.g1_stores, c.prologue_k_steps) == (
             1, 2, 1, 3 if m <= 8 else 0, 3, 1, 0 if m <= 8 else 3), c.key()
         assert ec.fused_is_default(c, m) and ec.check_fused(c, m, NP, 7168, NQ, NFB, NFA) is None
-    assert ec.default_fused_config(8, NP, 7168, NFA, None, True).swap == 0  # untagged: no swap
+    assert ec.default_fused_config(8, NP, 7168, NFA, None, True).weights_as_a == 0  # untagged: no swap
 
 
 def test_k_interleave_covers_every_step_once():
-    """ki = 0: warp wk owns steps [wk*JW, (wk+1)*JW); ki = 1: iteration it of warp wk is steps
+    """interleave_k off: warp wk owns steps [wk*JW, (wk+1)*JW); on: iteration it of warp wk is steps
     (it*WK + wk)*U .. +U, so per iteration the block's warps read one contiguous run. Both
     orders must visit every 32-wide K step exactly once (the sum over K is order-free)."""
     from executors.cute.kernels import _k_steps
@@ -821,17 +837,17 @@ def test_k_interleave_covers_every_step_once():
                 runs.add(tuple(sorted(run)) == tuple(range(min(run), min(run) + wk_n * u)))
             assert sorted(seen) == list(range(steps)), (wk_n, u, ki)
             if ki:
-                assert runs == {True}, "ki: each iteration is one contiguous run across the warps"
-    assert "tensor-core" in ec.Config("split_n", m_tile=8, ki=1).check(8, 144, 7168)
-    assert "pf == 0" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, ki=1, pf=1).check(8, NP, 7168)
-    assert ec.Config("stream", m_tile=8, warps_k=8, unroll=4, ki=1).key().count("_ki") == 1
+                assert runs == {True}, "interleave_k: each iteration is one contiguous run across the warps"
+    assert "tensor-core" in ec.Config("split_n", m_tile=8, interleave_k=1).check(8, 144, 7168)
+    assert "l2_prefetch_distance 0" in ec.Config("stream", m_tile=8, warps_k=8, unroll=4, interleave_k=1, l2_prefetch_distance=1).check(8, NP, 7168)
+    assert ec.Config("stream", m_tile=8, warps_k=8, unroll=4, interleave_k=1).key().count("_ki") == 1
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
 def test_gpu_k_interleave(m):
-    """ki = 1 off the defaults: stream (row-major and tiled weights) and fused at both m_tiles,
+    """interleave_k off the defaults: stream (row-major and tiled weights) and fused at both m_tiles,
     poisoned outputs, fp32 reference."""
     import torch
 
@@ -841,12 +857,12 @@ def test_gpu_k_interleave(m):
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
     for wl, w in ((0, wp), (1, ec.tile_weights(wp))):
         out.fill_(float("nan"))
-        ec.skinny_gemm(x, w, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, ki=1, wl=wl))
+        ec.skinny_gemm(x, w, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, interleave_k=1, weight_layout=wl))
         torch.cuda.synchronize()
         _check(out, ref, f"stream ki wl{wl} M={m}")
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
     out.fill_(float("nan"))
-    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, ki=1, tag=1)
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, interleave_k=1, tagged_handoff=1)
     ec.kda_fused_step(x, wp, wb, out, g1, fa_col=NQ, config=cfg)
     torch.cuda.synchronize()
     _check(out, ref, f"fused ki M={m}")
@@ -857,7 +873,7 @@ def test_gpu_k_interleave(m):
 @gpu
 @pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
 def test_gpu_tiled_weights(m):
-    """wl=1 kernels on tile_weights(w) give x @ w^T (stream and fused), poisoned outputs."""
+    """weight_layout=1 kernels on tile_weights(w) give x @ w^T (stream and fused), poisoned outputs."""
     import torch
 
     x, wp, wb = _fused_inputs(m, 700 + m)
@@ -865,12 +881,12 @@ def test_gpu_tiled_weights(m):
     ref = x.float() @ wp.float().t()
     mt = 8 if m <= 8 else 16
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ec.skinny_gemm(x, wt, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, wl=1))
+    ec.skinny_gemm(x, wt, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, weight_layout=1))
     torch.cuda.synchronize()
     _check(out, ref, f"stream wl1 M={m}")
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
     out.fill_(float("nan"))
-    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, wl=1)
+    cfg = ec.Config("fused", m_tile=mt, tiles=2, warps_k=8, unroll=4, fb_tiles=2, weight_layout=1)
     ec.kda_fused_step(x, wt, wb, out, g1, fa_col=NQ, config=cfg)
     torch.cuda.synchronize()
     _check(out, ref, f"fused wl1 M={m}")
@@ -881,7 +897,7 @@ def test_gpu_tiled_weights(m):
 @gpu
 @pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
 def test_gpu_swap_roles(m):
-    """swap = 1 on tile_weights(w, 2): weights as the mma A operand, stream and fused (with the
+    """weights_as_a on tile_weights(w, 2): weights as the mma A operand, stream and fused (with the
     tagged handoff, producer prefetches and the W_FB prefetch), poisoned outputs, fp32 reference,
     repeated launches on one workspace."""
     import torch
@@ -891,7 +907,7 @@ def test_gpu_swap_roles(m):
     ref = x.float() @ wp.float().t()
     mt = 8 if m <= 8 else 16
     out = torch.full((m, NP), float("nan"), device="cuda", dtype=torch.bfloat16)
-    ec.skinny_gemm(x, w2, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, ki=1, swap=1, wl=2))
+    ec.skinny_gemm(x, w2, out, ec.Config("stream", m_tile=mt, tiles=2, warps_k=8, unroll=4, interleave_k=1, weights_as_a=1, weight_layout=2))
     torch.cuda.synchronize()
     _check(out, ref, f"stream swap M={m}")
     g1 = torch.full((m, NFB), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -900,7 +916,7 @@ def test_gpu_swap_roles(m):
     base = ec.default_fused_config(m, NP, 7168, NFA, NQ)
     runs = [("w_swap", wp, {"w_swap": w2})] + [
         (c.key(), w2, {"config": c})
-        for c in (dataclasses.replace(base, swap=1, wl=2), dataclasses.replace(base, swap=1, wl=2, fb_passes=1))]
+        for c in (dataclasses.replace(base, weights_as_a=1, weight_layout=2), dataclasses.replace(base, weights_as_a=1, weight_layout=2, fb_passes=1))]
     for tag, w, kw in runs:
         for _ in range(3):
             out.fill_(float("nan"))

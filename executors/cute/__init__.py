@@ -25,10 +25,10 @@ Fused KDA decode step (``kda_fused_step``), one launch, PDL-enabled::
 bf16 in/out, fp32 accumulation. ``out`` may be a strided row view (row stride % 8 == 0,
 16-byte aligned); ``g1`` any unit-stride row view. The blocks that produce out[:,
 fa_col:fa_col+KB] run first and publish it through a global int32 counter; the last
-blocks of the grid compute g1 once the counter says f_a is complete (config ``tag = 1``:
+blocks of the grid compute g1 once the counter says f_a is complete (``tagged_handoff``:
 once the f_a values they spin on carry this launch's tag). The ``workspace`` (int32,
 ``fused_workspace_words(config, ...)`` words, zeroed once: counter, the tag epoch's arrival
-word, diagnostics, tagged f_a) needs no reset between launches (the counter resets itself, the
+word, timeline records, tagged f_a) needs no reset between launches (the counter resets itself, the
 arrival word only grows), so CUDA-graph replays need no memset; by default one workspace per
 (device, stream) is kept here. Two launches that share a workspace must not run concurrently
 (same stream is fine).
@@ -61,18 +61,20 @@ from pathlib import Path
 from typing import Any
 
 from .config import (
-    FUSED_MAX_M,
-    FUSED_TAG_MAX_M,
     KINDS,
     MAX_M,
     Config,
     check_fused,
     configs_for,
+    fused_workspace_words,
+    kind_for,
+)
+from .defaults import (
+    FUSED_MAX_M,
+    FUSED_TAG_MAX_M,
     default_config,
     default_fused_config,
     fused_is_default,
-    fused_workspace_words,
-    kind_for,
 )
 
 __all__ = [
@@ -353,13 +355,13 @@ def sass_of(build, arch: str = "sm_90a") -> str:
 # entry point
 # --------------------------------------------------------------------------------------
 def tile_weights(w, wl: int = 1):
-    """A prepacked weight layout read by configs with ``wl`` = 1 or 2, from [N, K] bf16
+    """A prepacked weight layout read by configs with ``weight_layout`` = 1 or 2, from [N, K] bf16
     (K % 32 == 0), returned with the same [N, K] shape; a one-time preprocessing of a weight,
     like any prepacked layout.
 
     wl = 1 (N % 8 == 0): each (8-row tile, 32-wide K step) is 512 contiguous bytes in the order
     the mma lanes load them as the B operand (lane g*4+t: row g, columns t*8..t*8+8).
-    wl = 2 (N % 16 == 0; configs with ``swap``, weights as the mma A operand): each (16-row tile,
+    wl = 2 (N % 16 == 0; configs with ``weights_as_a``, weights as the mma A operand): each (16-row tile,
     32-wide K step) is 1 KB, two 512-byte halves (the two k16 mma steps), lane g*4+t holding 16
     bytes of each: rows g and g + 8 of columns p, p+1 (a0, a1) and p+2, p+3 (a2, a3), p = t*8
     (first half) or t*8 + 4 (second half): each 128-bit load is one A fragment, no register moves."""
@@ -378,7 +380,7 @@ def tile_weights(w, wl: int = 1):
 def skinny_gemm(x, w, out=None, config: Config | None = None):
     """out[M, N] = x[M, K] @ w[N, K]^T on torch's current stream.
 
-    With a ``wl`` = 1 or 2 config, w must be in that layout (tile_weights(w, wl)).
+    With a ``weight_layout`` = 1 or 2 config, w must be in that layout (tile_weights(w, wl)).
 
     x may be a strided row view (stride(1) == 1, stride(0) % 8 == 0, 16-byte aligned),
     e.g. f_a read in place from the F_A/beta output. out may be a column slice of a
@@ -499,8 +501,8 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
     """One launch on torch's current stream: out = x @ w_packed^T and
     g1 = out[:, fa_col:fa_col+KB] @ w_fb^T (see the module docstring). Returns (out, g1).
     w_swap: the same weight in the A-fragment layout (tile_weights(w_packed, 2), made once by
-    the caller); with it and no explicit config the default config swaps the mma roles and
-    reads w_swap (run49: 0.3-0.5 us faster at M = 4..8, 1.3-1.5 us at 9..16)."""
+    the caller); with it and no explicit config the default config takes the weights as the mma
+    A operand and reads w_swap (faster at every M, see defaults.FUSED_SETTINGS)."""
     import torch
 
     if x.dim() != 2 or w_packed.dim() != 2 or w_fb.dim() != 2:
@@ -532,7 +534,7 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
                                or not w_swap.is_contiguous() or w_swap.data_ptr() % 16):
         raise ValueError("w_swap must be a contiguous, 16-byte aligned copy of w_packed's shape and dtype")
     cfg = config if config is not None else default_fused_config(m, n, k, kb, fa_col, w_swap is not None)
-    if config is None and cfg.swap:
+    if config is None and cfg.weights_as_a:
         w_packed = w_swap
     if config is None and not fused_is_default(cfg, m):
         skinny_gemm(x, w_packed, out)
@@ -548,9 +550,9 @@ def kda_fused_step(x, w_packed, w_fb, out, g1, fa_col: int = 6144,
           or not workspace.is_contiguous()):
         raise ValueError(f"workspace must be a contiguous int32 tensor with >= {words} elements "
                          "(zeroed once)")
-    g1_align = (0, 4, 16)[cfg.gst]  # bytes per g1 store
-    if cfg.gst and (g1.data_ptr() % g1_align or g1.stride(0) * 2 % g1_align):
-        raise ValueError(f"config gst={cfg.gst} needs g1 rows aligned to {g1_align} bytes")
+    g1_align = (0, 4, 16)[cfg.g1_stores]  # bytes per g1 store
+    if cfg.g1_stores and (g1.data_ptr() % g1_align or g1.stride(0) * 2 % g1_align):
+        raise ValueError(f"config g1_stores={cfg.g1_stores} needs g1 rows aligned to {g1_align} bytes")
     fn = get_fused_kernel(cfg, n, k, fa_col, nb, kb)
     fn(x, w_packed, out, w_fb, g1, workspace[:1])
     return out, g1

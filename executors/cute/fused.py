@@ -55,19 +55,16 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     and count themselves in; the last arrival resets the counter to 0, so no memset is
     needed between launches or graph replays. No ordering assumption is needed to be
     deadlock-free: producers never wait, and C is far below the resident capacity.
-    Knob ``tag`` (the default when f_a is tile-aligned): the producers also store f_a as
+    ``tagged_handoff`` (the default when f_a is tile-aligned): the producers also store f_a as
     64-bit (bf16x2, epoch + 1) pairs in the workspace and one warp per 8 rows of every
     consumer spins on those pairs themselves, so no fence, no counter round trip and no reload of f_a sit
-    between the last producer and F_B (H200 run23/run24: 0.4 us per step at M = 8). The
-    epoch is the 64-bit arrival word at workspace byte 8 over EPOCH_SPAN, read after the
-    PDL wait; each of the P + C blocks adds its share of EPOCH_SPAN with a fire-and-forget
-    red at its end (run32; an atomic whose last arrival bumped an epoch word kept the last
-    blocks alive for a round trip), so the next launch tags with the next value and stale
-    pairs never match.
-    Knob ``ppf``: the producers bulk-prefetch all their weight rows into L2 at launch (H200
-    run12/13: 0.2-0.5 us per step faster at M <= 8; a graph-replay timeline shows the
-    producers still finish near the end, so F_B stays a 1-2 us tail). ``dbg`` stamps
-    %globaltimer per block into the workspace (scripts/fused_timeline.py).
+    between the last producer and F_B. The epoch is the 64-bit arrival word at workspace
+    byte 8 over EPOCH_SPAN, read after the PDL wait; each of the P + C blocks adds its share of
+    EPOCH_SPAN with a fire-and-forget red at its end (no atomic round trip keeps the last
+    blocks alive), so the next launch tags with the next value and stale pairs never match.
+    ``prefetch_producer_weights``: the producers bulk-prefetch all their weight rows into L2 at
+    launch. ``timeline`` (the debug switch, see Config.timeline) stamps %globaltimer per block
+    into the workspace (scripts/fused_timeline.py reads them).
     """
     from .config import fused_grid, fused_tag_offset
 
@@ -91,20 +88,20 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     SB = kb // 32
     FP = cfg.fb_passes
     PDL = cfg.pdl
-    PF = cfg.pf
-    KI = cfg.ki
-    WL = cfg.wl
+    PF = cfg.l2_prefetch_distance
+    KI = cfg.interleave_k
+    WL = cfg.weight_layout
     W_STEP = (64, 512, 1024)[WL]
-    SWAP = cfg.swap
-    PPF = cfg.ppf
-    TAG = cfg.tag
-    DBG = cfg.dbg
-    FBPF = cfg.fbpf
-    PWU = cfg.pwu or U  # K steps of iteration 0 loaded before the PDL wait
-    GST = cfg.gst
-    GROW = NW * RB * 4  # gst 2: bf16x2 words per g1 row of a consumer block
+    SWAP = cfg.weights_as_a
+    PPF = cfg.prefetch_producer_weights
+    TAG = cfg.tagged_handoff
+    TIMELINE = cfg.timeline
+    FBPF = cfg.prefetch_fb_l2
+    PWU = cfg.prologue_k_steps or U  # K steps of iteration 0 loaded before the PDL wait
+    GST = cfg.g1_stores
+    GROW = NW * RB * 4  # g1_stores 2: bf16x2 words per g1 row of a consumer block
     OVERHANG = TAG and (a0 % (8 * R * WN) or kb % (8 * R * WN))
-    RP = -(-nb // max(1, P))  # W_FB rows per producer (fbpf)
+    RP = -(-nb // max(1, P))  # W_FB rows per producer (prefetch_fb_l2)
     N = n
     K = k
     NB = nb
@@ -130,7 +127,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
         ctr = mC.iterator.toint()
         so = mO.stride[0]
         sg = mG.stride[0]
-        if cutlass.const_expr(DBG):
+        if cutlass.const_expr(TIMELINE):
             if tid == 0:
                 _stamp(ctr, bid, 0)
         sb = bid  # position in the order [producers | other stream tiles | consumers]
@@ -168,7 +165,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(PDL):
                 pdl_wait(tid)
                 cute.arch.griddepcontrol_launch_dependents()
-            if cutlass.const_expr(PWU < U):  # the rest of iteration 0 after the wait (knob pwu)
+            if cutlass.const_expr(PWU < U):  # the rest of iteration 0 after the wait
                 w_cur = w_cur + _load_w(w_addr, 0, U, R, W_STEP, IS, PWU)
             ep = Int32(0)
             if cutlass.const_expr(TAG):
@@ -195,7 +192,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if cutlass.const_expr(FBPF > NIT):  # before the loop (it = -1)
                     prefetch_l2_bulk(hook[1], hook[2], hook[3], 1)
             acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
-                              hook, cfg.dx, SWAP)
+                              hook, SWAP)
 
             ents = _acc_entries(R, MT, SWAP, g, t)
             for q in cutlass.range_constexpr(len(ents)):
@@ -216,7 +213,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         if col < N:
                             mO[m, col] = s.to(BFloat16)
             if sb < P:
-                if cutlass.const_expr(DBG):
+                if cutlass.const_expr(TIMELINE):
                     if tid == 0:
                         _stamp(ctr, bid, 1)
                 if cutlass.const_expr(TAG):
@@ -247,11 +244,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     cute.arch.sync_threads()
                     if tid == 0:
                         # the barrier orders the block's f_a stores before this thread's fence
-                        # (cumulative), so one fence per block publishes them all (run22:
-                        # 0-0.2 us faster than a fence in every thread)
+                        # (cumulative), so one fence per block publishes them all
                         fence_acq_rel_gpu()
                         red_add_release_gpu(ctr, Int32(1))
-            if cutlass.const_expr(DBG):
+            if cutlass.const_expr(TIMELINE):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
         else:
@@ -285,9 +281,8 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
             if cutlass.const_expr(TAG):
                 # warp h (< m_tile / 8) spins on the tagged f_a pairs of row g + 8h for its
                 # lanes (8 columns per 32-wide K step) and stages the values for all warps.
-                # Register footprint matters here: with one row per warp the m_tile-8 and -16
-                # kernels (t2/wk8) use 78 registers, 3 blocks/SM; a poll per (row, K step)
-                # brought them to 64, 4 blocks/SM fit and the step got 4-5 us slower (run26)
+                # One row per warp: a poll per (row, K step) takes fewer registers, lets 4
+                # blocks/SM fit and made the step 4-5 us slower
                 if warp < MT // 8:
                     ep = ld_epoch(ctr + Int64(8))
                     tb = ctr + Int64(TAG_OFF) + Int64(t * 32)
@@ -295,20 +290,13 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                     vals = poll_tagged(tb + Int64(row) * (KB * 4), ep + 1, SB)
                     for j in cutlass.range_constexpr(NV1):
                         fs[(warp * 32 + lane) * NV1 + j] = vals[j]
-                    if cutlass.const_expr(DBG == 4 and MT == 16):  # mid: the second poller done
-                        if warp == 1:
-                            if lane == 0:
-                                _stamp(ctr, bid, 1, Float32(vals[0]))
             else:
                 if tid == 0:
                     wait_then_arrive(ctr, Int32(P), Int32(TOTAL))
             cute.arch.sync_threads()
-            if cutlass.const_expr(DBG == 1):
+            if cutlass.const_expr(TIMELINE):  # mid: f_a received
                 if tid == 0:
                     _stamp(ctr, bid, 1)
-            if cutlass.const_expr(DBG == 5):  # mid: after the barrier, waiting for a shared load
-                if tid == 0:
-                    _stamp(ctr, bid, 1, Float32(fs[NV1 * 32]))
             o_base = mO.iterator.toint() + Int64(A0 * 2) + Int64(t * 16)
             fg = o_base + Int64(_imin(g, m_rows - 1)) * Int64(so) * 2
             fh = o_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(so) * 2
@@ -334,9 +322,6 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 for sk in cutlass.range_constexpr(SB):
                     for r in cutlass.range_constexpr(RB):
                         acc[r] = mma_k32(afr[sk], wv[r * SB + sk], acc[r])
-                if cutlass.const_expr(DBG == 2 and ps == FP - 1):  # consumer "mid": after the last mma
-                    if tid == 0:
-                        _stamp(ctr, bid, 1, acc[0][0])
                 for r in cutlass.range_constexpr(RB):
                     for h in cutlass.range_constexpr(MT // 8):
                         m = g + 8 * h
@@ -368,13 +353,10 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                             if gcol < NB:
                                 gaddr = mG.iterator.toint() + (Int64(gm) * Int64(sg) + Int64(gcol)) * 2
                                 st_global_words(gaddr, [gsm[ch * 4 + j] for j in range(4)])
-            if cutlass.const_expr(DBG == 3):  # consumer "mid": after the g1 stores are issued
-                if tid == 0:
-                    _stamp(ctr, bid, 1)
             if cutlass.const_expr(TAG):
                 if tid == 0:  # the epoch matters to the next launch only
                     red_epoch(ctr + Int64(8), Int32(P) + cb, TOTAL)
-            if cutlass.const_expr(DBG):
+            if cutlass.const_expr(TIMELINE):
                 if tid == 0:
                     _stamp(ctr, bid, 2)
 

@@ -35,15 +35,15 @@ except Exception:  # pragma: no cover - 4.3 spelling
 
 
 def _launch_attrs(cfg: Config) -> dict:
-    """Optional launch attributes of a tensor-core config (see Config.minb / carve)."""
+    """Optional launch attributes of a tensor-core config (min_blocks_per_sm, smem_carveout)."""
     kw = {}
-    if cfg.minb > 0:
-        kw["min_blocks_per_mp"] = cfg.minb
+    if cfg.min_blocks_per_sm > 0:
+        kw["min_blocks_per_mp"] = cfg.min_blocks_per_sm
         # an explicit carveout (-1 = the driver's default) keeps the DSL from asking the
         # device for its shared-memory size, so this compiles without a GPU
         kw["preferred_smem_carveout"] = -1
-    if cfg.carve >= 0:
-        kw["preferred_smem_carveout"] = cfg.carve
+    if cfg.smem_carveout >= 0:
+        kw["preferred_smem_carveout"] = cfg.smem_carveout
     return kw
 
 
@@ -105,15 +105,13 @@ def _x_addrs(x_base, sx, m_rows, g, koff):
             x_base + Int64(_imin(g + 8, m_rows - 1)) * Int64(sx) * 2 + koff)
 
 
-def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int, IS: int, DX: int = 0):
-    """x vectors (rows g, g + 8; the second is zero for m_tile 8) of K iteration `it`.
-    DX (diagnostics only, Config.dx): m_tile 16 without the second row's load (rows g + 8
-    reuse row g: right only where M <= 8)."""
+def _load_x(xg_addr, xh_addr, it: int, U: int, MT: int, IS: int):
+    """x vectors (rows g, g + 8; the second is zero for m_tile 8) of K iteration `it`."""
     regs = []
     for u in range(U):
         off = Int64((it * IS + u) * 64)
         xg = ld_act_v4(xg_addr + off)
-        xh = (xg if DX else ld_act_v4(xh_addr + off)) if MT == 16 else [Int32(0)] * 4
+        xh = ld_act_v4(xh_addr + off) if MT == 16 else [Int32(0)] * 4
         regs.append((xg, xh))
     return regs
 
@@ -129,23 +127,22 @@ def _k_steps(wk, WK: int, U: int, JW: int, KI: int):
 
 
 def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
-                MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None, DX: int = 0,
-                SWAP: int = 0):
+                MT: int, R: int, U: int, NIT: int, PF: int, IS: int, hook=None, SWAP: int = 0):
     """The streaming main loop of the tensor-core kernels (build_tc, build_fused): w_cur
     (iteration 0's weights) is loaded by the caller before its PDL wait; iteration it + 1 is
     loaded while iteration it runs its mma.sync steps. hook = (it, addr, nbytes, idx): an L2
-    bulk prefetch issued after the mma steps of iteration it where idx < 1 (fused knob fbpf).
+    bulk prefetch issued after the mma steps of iteration it where idx < 1 (Config.prefetch_fb_l2).
     Returns this lane's accumulators (see _acc_entries for their layout).
     SWAP: the weights (two 16-byte A fragments per 16-row tile and step) are the A operand and
     x row g (+ 8) the B operand: (R // 2) x (MT // 8) accumulators."""
-    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS, DX)
+    x_cur = _load_x(xg_addr, xh_addr, 0, U, MT, IS)
     acc = [[Float32(0.0)] * 4 for _ in range(R // 2 * (MT // 8) if SWAP else R)]
     for it in range(NIT):
         if PF > 0 and it + PF < NIT:
             _prefetch_chunks(pf_row, R, lane, it + PF, it + PF + 1, U)
         if it + 1 < NIT:
             w_nxt = _load_w(w_addr, it + 1, U, R, w_step, IS)
-            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS, DX)
+            x_nxt = _load_x(xg_addr, xh_addr, it + 1, U, MT, IS)
         for u in range(U):
             xg, xh = x_cur[u]
             if SWAP:
@@ -203,11 +200,11 @@ def build_tc(cfg: Config, n: int, k: int):
     GRID = cfg.grid(n)
     OUT_BLK = WN * R * MT * 8  # outputs per block (incl. padded rows)
     PDL = cfg.pdl
-    PF = cfg.pf
-    KI = cfg.ki
-    WL = cfg.wl
+    PF = cfg.l2_prefetch_distance
+    KI = cfg.interleave_k
+    WL = cfg.weight_layout
     W_STEP = (64, 512, 1024)[WL]  # bytes between a lane's consecutive 32-wide K steps
-    SWAP = cfg.swap
+    SWAP = cfg.weights_as_a
     N = n
     K = k
 
@@ -244,7 +241,7 @@ def build_tc(cfg: Config, n: int, k: int):
         koff = Int64((ks0 * 32 + t * 8) * 2)
         xg_addr, xh_addr = _x_addrs(x_base, sx, m_rows, g, koff)
         acc = _stream_mma(w_cur, w_addr, W_STEP, xg_addr, xh_addr, pf_row, lane, MT, R, U, NIT, PF, IS,
-                          None, 0, SWAP)
+                          None, SWAP)
 
         ents = _acc_entries(R, MT, SWAP, g, t)
         if cutlass.const_expr(WK == 1):

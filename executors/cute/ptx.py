@@ -226,17 +226,6 @@ def globaltimer(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def globaltimer_after(dep: Float32, *, loc=None, ip=None):
-    """%globaltimer read once `dep` is available (the value is +1 ns when dep == 1.0000001f, which
-    ptxas cannot rule out, so the read waits for dep's producer, e.g. an mma)."""
-    return Int64(llvm.inline_asm(
-        T.i64(), [Float32(dep).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .pred p;\n\t.reg .u64 t, e;\n\tsetp.eq.f32 p, $1, 0f3F800001;\n\t"
-        "selp.u64 e, 1, 0, p;\n\tmov.u64 t, %globaltimer;\n\tadd.u64 $0, t, e;\n\t}",
-        "=l,f", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
 def smid(*, loc=None, ip=None):
     return Int32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %smid;", "=r",
                                  has_side_effects=True, is_align_stack=False,
@@ -250,12 +239,11 @@ def st_u64(addr: Int64, val: Int64, *, loc=None, ip=None):
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-def _stamp(base, bid, slot: int, dep=None):
-    """dbg timeline (call from one thread): %globaltimer into record bid, slot (0 start,
-    1 mid, 2 end; slot 3 = SM id), read after `dep` is available if given. Records are 32 bytes
-    from workspace byte 16."""
+def _stamp(base, bid, slot: int):
+    """Config.timeline (call from one thread): %globaltimer into record bid, slot (0 start,
+    1 mid, 2 end; slot 3 = SM id). Records are 32 bytes from workspace byte 16."""
     rec = base + Int64(16) + Int64(bid) * 32
-    st_u64(rec + Int64(slot * 8), globaltimer() if dep is None else globaltimer_after(dep))
+    st_u64(rec + Int64(slot * 8), globaltimer())
     if slot == 0:  # Python-level: traced once
         st_u64(rec + Int64(24), Int64(smid()))
 
