@@ -249,7 +249,7 @@ class Problem:
         return self._wpt[wl]
 
     def _w(self, cfg):
-        return self.wpt(cfg.wl) if cfg is not None and cfg.wl else self.wp
+        return self.wpt(cfg.weight_layout) if cfg is not None and cfg.weight_layout else self.wp
 
     def _fork_join(self, i, main_fn, aux_fn):
         cur = torch.cuda.current_stream()
@@ -438,191 +438,24 @@ def needed_fused():
     return sorted(need, key=lambda c: c.key())
 
 
-# ---- variant sweep (2026-11-30 run7): L2 bulk prefetch, tile shapes, launch attributes ----
+# ---- variant sweep: settings off the defaults, timed next to them ----
+# What each earlier sweep tried and measured is in the results ledger (the KDA kernel records);
+# these tables hold only the variants still timed.
 VSWEEP_MS = (1, 4, 8, 9, 12, 16)
-# run7 (2026-11-30) measured L2 bulk prefetch (pf), tiles 3/6, minb 4 and carveout 0: none
-# faster (results/kda_kernels.md); run8 times consumer passes
-# run8: fb_passes 4/8, carve 0; run9: tiled weight layout wl=1; run10: L2 cache policies;
-# run11: early PDL triggers (results/kda_kernels.md; run10/run11's knobs were removed again);
-# run12: producer L2 prefetch (ppf, now the M <= 8 default) and consumers-first block order
-# (cf); run13: F_A/beta as a split-N launch before the fused grid (ext); cf and ext were
-# slower and were removed again (results/kda_kernels.md).
-VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra)
-    # (timed up to run38) (2, 8, 4, 2, 1, {"ppf": 1}),
-    # run17 timed t1/wn2/wk8 fb1|fb2 +-ppf and t2/wn2/wk4 fb2 here: none faster; run19/run20
-    # timed a split-K F_A/beta prologue by a helper warp per block (knobs sk / spad, code at
-    # commit 7e46f25, removed again: slower, results/data/kda_kernels/2026-11-30T0513_h200_kda_sweep_split_k_prologue_*, T0519_*)
-    # (timed up to run38) (1, 8, 4, 2, 1, {"warps_n": 2, "ppf": 1}),
-    # run22 timed producers publishing f_a with one fence per block (after the barrier) instead
-    # of one per thread: 0.03-0.23 us faster at M = 1, 4, 8 (now the only way)
-    # run23: consumers spin on tagged f_a pairs (no fence / counter / reload on the critical path):
-    # 0-0.4 us faster at M <= 8 with ppf (slower without); run24: with fewer consumer blocks
-    # (fb_passes 4: 3 blocks, so the grid is exactly one wave of 3 blocks/SM; 2: 6 blocks)
-    # (fb_passes 4 was slower at every M, 2 at M >= 4); run25: the m_tile-16 poll split over
-    # two warps (one row each) takes the fused kernel from 112 to 78 registers
-    # run26: polls split per (row half, K step): t2 at 64 registers -> 4 blocks/SM -> 4-5 us
-    # slower (reverted); t1/wn2 (40 registers) fb1/fb2 +-ppf with tag: 23.4-25.8, not faster
-    # (timed up to run38) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1}),
-    # run29: K interleaved across the warps (ki: per iteration a block reads one contiguous
-    # 2 KB run of each weight row instead of 8 runs of 256 bytes; same register count)
-    # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1}),
-    # run30: 2 warps along N (x slices shared through L1) capped at 40 registers (minb 3) so that
-    # 3 blocks of 512 threads fit (61 registers uncapped: 2 blocks/SM; 64-72 bytes spill)
-    # (both 1.5-7 us slower: run30)
-    # run31: m_tile 16 with 3 / 6 consumer blocks (one wave: consumers resident from the start):
-    # fb_passes 2 equal at M = 9, slower elsewhere; 4 slower everywhere (each pass reloads W_FB)
-    # run32: tag 2 (the epoch from a 64-bit arrival word that every block bumps with a fire-and-
-    # forget red, instead of an atomic round trip before the last blocks can retire)
-    # (tag 2 then became the only tag scheme: 0.5-2 us faster at m_tile 16, 0-0.15 at 8)
-    # (timed up to run38) (2, 8, 4, 2, 1, {"tag": 1}),
-    # run34: 6 consumer blocks (grid 399: 3 blocks past one wave instead of 9) with the new epoch
-    # (timed up to run49) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1}),  # run35: fb_passes 3 0.6-1 us slower
-    # run39 (session 6): consumers rereading the epoch inside the poll (pe: one round trip, not
-    # two, once f_a is there): equal at m_tile 8, 0.5-1 us slower at 16. Producers prefetching
-    # W_FB into L2 with evict_last before their stream loop: 1.5-2.5 us slower; one or two
-    # iterations before its end (as the consumers start): 0.2-0.5 us faster at m_tile 8
-    # (results/data/kda_kernels/2026-11-30T0753_h200_kda_sweep_epoch_reread_in_poll.log). run40: fbpf now counts from
-    # after the mma steps of iteration NIT - fbpf (run39's 1 / 2 are 2 / 3 here); only 1 (after
-    # the loop) stays at 78 registers at m_tile 16
-    # run40 (two sweeps): at m_tile 8 fbpf 3 (minb 3: 80 registers) 0.37-0.66 us faster than the
-    # defaults at M = 1..8, fbpf 2 (76 registers) 0.2-0.4, evict_last no different; 1 (after the
-    # loop) slower, at m_tile 16 2.5 us slower: a block cannot retire before its bulk prefetch is
-    # done (results/data/kda_kernels/2026-11-30T0755_h200_kda_sweep_w_fb_prefetch_{a,b}.log). run41: m_tile 16 with
-    # fbpf 2 capped at 80 registers (44 bytes of spills; uncapped 106)
-    # run41: fbpf 3 + minb 3 (m_tile 8) and fbpf 2 + minb 3 at M = 16 became the defaults;
-    # evict_last no faster (removed); at M = 9..15 fbpf 2 0.15-0.3 us slower than two passes.
-    # run44 (two sweeps): the x load through the texture path (ld.global.nc) or with L1
-    # evict_last (knob xld, code at commit 68179c6, removed): no difference at either
-    # m_tile. The m_tile-16 kernel forced at M = 1: 23.4-23.5 us against 21.3-21.4 for m_tile 8,
-    # so its ~2 us are structural (x row pairs per lane, not the x bytes: at M = 1 all rows are
-    # one row) (results/data/kda_kernels/2026-11-30T0807_h200_kda_sweep_x_load_path_{a,b}.log)
-    # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 2, "minb": 3, "force_mt": 16}),
-    # run45 (two sweeps): the shared-memory carveout (knob carve: 14 / 28 / 44 % at m_tile 8, 0 /
-    # 14 at 16) changes nothing (results/data/kda_kernels/2026-11-30T0810_h200_kda_sweep_smem_carveout_{a,b}.log)
-    # run46 (two sweeps): the m_tile-16 kernel at M = 1 / 4 / 8 is 2.1 / 2.1 / 1.9 us slower than
-    # m_tile 8; without its second x row load per lane (diagnostic knob dx) 1.3 / 1.4 / 1.6 us
-    # (results/data/kda_kernels/2026-11-30T0811_h200_kda_sweep_second_x_load_{a,b}.log)
-    # run48: with pdl_wait (the non-fused kernels' prologue loads now overlap the previous
-    # kernel), fused against two launches at M = 9..16 (the e[...] rows)
-    # run49: swapped mma roles (swap = 1, weights prepacked in A-fragment order, wl = 2): the
-    # stream loop's SASS drops from 543 to ~330 instructions at m_tile 8 (no operand moves, half
-    # the mma) and from 641+ to ~400 at 16
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "only_mt": 8}),
-    # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 8}),
-    # (timed up to run49) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
-    # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
-    # run50 (session 7): where the m_tile-16 swapped kernel's 1.1-1.9 us over m_tile 8 go: forced
-    # at M = 8 with and without its second x load (dx), 32 weight rows per warp (t4: each x
-    # fragment feeds two A tiles, half the x loads, 197 stream blocks), 2 warps along N sharing x
-    # through L1, half the unroll, the register cap alone
-    # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "force_mt": 16, "only_mt": 8}),
-    # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "dx": 1, "force_mt": 16, "only_mt": 8}),
-    # (timed in run50) (4, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
-    # (timed in run50) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 2, "only_mt": 16}),
-    # (timed in run50) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "only_mt": 16}),
-    # (timed in run50) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
-    # (timed up to run49) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "fbpf": 3, "minb": 3, "only_mt": 16}),
-    # run50 (two sweeps, results/data/kda_kernels/2026-11-30T0912_h200_kda_sweep_m16_swapped_launch_bound_*): forced m_tile 16 at M = 8 is
-    # 1.0 us slower than m_tile 8, 0.2 without its second x load (dx); t4 and wn2 (197 stream
-    # blocks: uneven per SM) 1.7-9 us slower; u2 0.4-0.5 faster at M = 9, slower at 16; the register
-    # cap alone (minb 3: 76 -> 78 registers, same instruction count, other schedule) 0.7-1.1 us
-    # faster at M = 9, 12 and 0.3-0.7 at 16. run51: minb 3 at every M = 9..16, with u2, the W_FB
-    # prefetch and two consumer passes
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
-    # (timed up to run51) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
-    # (timed up to run51) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "fbpf": 2, "only_mt": 16}),
-    # (timed up to run51) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "only_mt": 16}),
-    # run51 (two sweeps): minb 3 21.8-22.8 us at M = 9..16 (0.6-1.2 faster than without: the default
-    # since), u2 / the W_FB prefetch / two consumer passes 0.3-2.5 slower. run52 (two sweeps): x
-    # staged through shared memory by TMA bulk copies, one per x row and iteration issued by warp 0
-    # into two mbarrier stages (knob xs, code at commit 9c41b87, removed): correct, but 0.2-2 us
-    # slower at m_tile 8 (growing with M) and 4-5.5 us slower at 16
-    # (results/data/kda_kernels/2026-11-30T0917_h200_kda_sweep_x_through_smem_tma_{a,b}.md)
-    # run53 (two sweeps, results/data/kda_kernels/2026-11-30T0926_h200_kda_sweep_unswapped_m16_one_pass_{a,b}.md): the producers'
-    # L2 prefetch of their whole share after the PDL wait instead of during the previous launch's
-    # tail (knob value ppf 2, not kept): 0.8-1.6 us slower at both m_tiles. The unswapped m_tile-16
-    # kernel (no prepacked weight), whose default (fp2) measures 26.2-28.5 us at M = 9..14 since
-    # run49 (23.9-24.7 in run48, same 77 registers): one pass with minb 3 23.6-24.5 (the default
-    # since), one pass 24.2-25.1, two passes with minb 3 25.5-28.7
-    # (timed in run53) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "minb": 3, "only_mt": 16}),
-    # run54 (two sweeps, results/data/kda_kernels/2026-11-30T0933_h200_kda_sweep_producers_compute_fb_{a,b}.md): the producers
-    # computing F_B themselves after publishing f_a (knob pc, code at commit 2c4b164, removed: 3 n8
-    # tiles per warp, 8 producers x 8 warps x 24 rows = 1536, no consumer blocks, grid 393),
-    # with and without their W_FB prefetch: correct, 0.7-1.7 us slower at both m_tiles
-    # run56 (two sweeps, results/data/kda_kernels/2026-11-30T0937_h200_kda_sweep_weight_loads_after_pdl_wait_{a,b}.md): the stream
-    # blocks' first weight loads after the PDL wait instead of before it (knob pw, not kept), off the
-    # previous launch's F_B tail (run55): 1.0-2.0 us slower at both m_tiles - the prologue overlap
-    # is worth more than a quieter tail
-    # run57 (two sweeps, ..._run57_npf_sweep_{a,b}.md): the other way round, every warp also
-    # bulk-prefetching its next 1 / 2 iterations into L2 before the PDL wait (knob npf, not kept):
-    # 1.0-1.6 / 2.9-3.5 us slower at both m_tiles
-    # run58 (session 8, two sweeps, results/data/kda_kernels/2026-11-30T1000_h200_kda_sweep_three_warps_n_{a,b}.md): g1
-    # stored as bf16x2 pairs (gst 1: 4 instead of 8 stores per consumer lane; the F_B tail queues
-    # behind the stream loads on its SM): 0.7-0.9 us faster at M = 16, 0.15-0.3 at 14, 0-0.25 at
-    # 9, 12; 3 warps along N (wn3: 768-thread blocks of 48 rows, one per SM, 131 stream blocks + 4
-    # consumers, one wave; x read by three warps at once through L1): 0.2-1.2 us slower than the
-    # defaults with or without minb 1 / gst / fb_tiles 1
-    # (timed in run58) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 3, "minb": 1, "only_mt": 16}),
-    # (timed in run58) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "warps_n": 3, "minb": 1, "gst": 1, "only_mt": 16}),
-    # run59 (two sweeps, ..._run59_sweep_{a,b}.md): the stores further: g1 staged through shared
-    # memory as 16-byte row chunks (gst 2: one store per thread) and the stream blocks' out as 4
-    # columns per thread (ost: 8-byte stores, 16-byte shared loads), at both m_tiles and for the
-    # unswapped m_tile-16 kernel: gst 1 and 2 equal (0.8-0.95 us faster than without at M = 16,
-    # 0.3-0.45 at 14), ost no faster; at m_tile 8 gst 1 0-0.2 us faster; unswapped gst 2 0.5-1.2
-    # faster at M = 12..16 and faster than two launches at 15, 16. gst 1 became the default.
-    # (timed in run59) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 2, "ost": 1, "only_mt": 16}),
-    # (timed in run59) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 2, "only_mt": 8}),
-    # run60 (two sweeps, ..._run60_sweep_{a,b}.md): the producers storing the tagged f_a pairs
-    # before out (knob tf, not kept): 0-0.2 us slower at both m_tiles; two consumer passes with
-    # gst 1: 0.9-1.4 us slower. The gst-1 defaults again 0.1-0.7 us faster than without at M = 9..16.
-    # (timed in run60) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "tf": 1, "only_mt": 16}),
-    # (timed in run60) (2, 8, 4, 2, 2, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
-    # run61 (two sweeps, ..._run61_sweep_{a,b}.md): between run56's pw (no weight loads before the
-    # PDL wait: 1-2 us slower) and the default (all of iteration 0): only its first 1 / 2 / 3 K
-    # steps before the wait (pwu), so less of the next launch's traffic queues ahead of this
-    # launch's F_B chain: at m_tile 16 pwu 3 and 2 0.0-0.2 us faster at M = 9..16 (pwu 3 the default
-    # since), 1 0.2-0.35 slower; at m_tile 8 pwu 2 0.1-0.2 slower
-    # (timed in run61) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 2, "only_mt": 16}),
-    # (timed in run61) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 3, "swap": 1, "wl": 2, "gst": 1, "pwu": 2, "only_mt": 8}),
-    (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "only_mt": 16}),
-    # run62 (two sweeps, ..._run62_sweep_{a,b}.md): the same idea for the producers' L2 prefetch of
-    # their share, the warps of the second K half issuing it after the PDL wait (knob ppfh, code at
-    # commit 74a2a73, removed): -0.2..+0.1 us at m_tile 16 (noise), 0.15-0.3 us slower at 8
-    # run63 (session 9, two sweeps, ..._run63_sweep_{a,b}.md): the consumer warps that do not poll
-    # running their F_B code once dry while the pollers spin (knob iw, code at commit 7bee194,
-    # removed), so the code after "f_a seen" would not start with instruction fetch misses:
-    # -0.15..+0.15 us at m_tile 16 (noise), 0.1-0.27 slower at 8; the run63 timeline still shows
-    # 1-2.4 us from "f_a seen" to the consumers' end with it, so that tail is not instruction fetch
-    # (timed in run63) (2, 8, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "pwu": 3, "iw": 1, "only_mt": 16}),
-    # run64 (session 9): fewer loads in flight. 396 blocks x 32 KB of weight loads per block (12.7 MB)
-    # against ~3 MB that saturate HBM at its unloaded latency: every request, the f_a handoff's polls
-    # and stores included, waits ~3 us in queues (Little). 4 warps per block (128 threads, minb 6:
-    # 80 registers, 6 blocks/SM) halve it, and all 417 blocks (393 stream + 24 consumers) fit in one
-    # wave; half the unroll (u2) halves it with 256 threads. Result (two sweeps, ..._run64_sweep_{a,b}.md):
-    # 4 warps 8.5-10 us slower at both m_tiles (the timeline: period 35 us, 42 blocks starting up to 20 us
-    # late), u2 0.4-1.1 us slower: the loads in flight are needed, the latency does not shrink with them
-    # (timed in run64) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 6, "gst": 1, "pwu": 3, "only_mt": 16}),
-    # (timed in run64) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 5, "gst": 1, "pwu": 3, "only_mt": 16}),
-    # (timed in run64) (2, 8, 2, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "swap": 1, "wl": 2, "minb": 3, "gst": 1, "only_mt": 16}),
-    # (timed in run64) (2, 4, 4, 2, 1, {"ppf": 1, "tag": 1, "ki": 1, "fbpf": 3, "minb": 6, "swap": 1, "wl": 2, "gst": 1, "only_mt": 8}),
+_SWAPPED = dict(prefetch_producer_weights=True, tagged_handoff=True, interleave_k=True, weights_as_a=True,
+                weight_layout=2, min_blocks_per_sm=3)
+VSWEEP_FUSED = [  # (tiles, warps_k, unroll, fb_tiles, fb_passes, extra; only_mt: that m_tile only)
+    (2, 8, 4, 2, 1, {**_SWAPPED, "prefetch_fb_l2": 3, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {**_SWAPPED, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {**_SWAPPED, "g1_stores": 1, "only_mt": 16}),
+    (2, 8, 4, 2, 1, {**_SWAPPED, "prefetch_fb_l2": 3, "g1_stores": 1, "only_mt": 8}),
+    (2, 8, 4, 2, 1, {**_SWAPPED, "g1_stores": 1, "prologue_k_steps": 3, "only_mt": 16}),
 ]
-VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra); run16: warps side by side along N
-    # share their x slices (through L1) instead of each reading its own K slice of x; run16
-    # also timed t1/wn2/wk4/u4|u2, t1/wn4/wk2/u4|u8, t2/wn2/wk4/u4 (all slower, see its table)
-    # run27 timed t2/wk8 (62 registers: 4 blocks/SM fit) pinned to 3 blocks/SM with unused shared
-    # memory (knob at commit 0d8371a only): 23.4-24.5 instead of 27.0-27.8 us, i.e. the
-    # residency is what makes it slow, but the smaller L1 costs the pinned fused kernel 1-2 us
-    (2, 8, 4, {"ki": 1}),  # (timed up to run38: t2 without ki, t1/wn2 with and without ki)
-    # (timed up to run49) (2, 8, 4, {"ki": 1, "swap": 1, "wl": 2}),  # run49 (48-64 registers: 4+ blocks/SM)
-    # run30: m_tile 16 with 2 warps along N is 44 registers (2 blocks of 512 threads per SM); minb 3
-    # (1-2 us slower with 8 bytes of spills, run30)
+VSWEEP_STREAM = [  # (tiles, warps_k, unroll, extra)
+    (2, 8, 4, {"interleave_k": True}),
 ]
 VSWEEP_E = [  # two launches: (extra for the default stream config, extra for the default F_B config)
-    # run15 timed six smaller F_B block shapes here (PDL prelaunch next to the streaming grid):
-    # none faster than the default (results/data/kda_kernels/2026-11-30T0453_h200_kda_sweep_fb_block_shapes.log)
-    ({}, {}), ({"ki": 1}, {}),  # run48: again, with pdl_wait; run30: t1/wn2/minb 3 at m_tile 16 1.6-2.5 us slower
+    ({}, {}), ({"interleave_k": True}, {}),
 ]
 
 
@@ -755,7 +588,7 @@ def profile_once(specs):
 def main():
     global VARIANT_PRECOMPILE
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/bench_kda_kernels"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "results/kda_kernels"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sanitize", action="store_true", help="small correctness run only")
     ap.add_argument("--no-sweep", action="store_true")

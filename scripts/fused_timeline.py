@@ -1,92 +1,42 @@
 """Per-block timeline of the fused KDA step kernel (diagnostics, needs an sm_90 GPU).
 
-Replays a CUDA graph of 20 ``kda_fused_step`` calls with ``dbg=1`` configs (4 rotated
+Replays a CUDA graph of 20 ``kda_fused_step`` calls with ``timeline`` configs (4 rotated
 weight sets; even/odd steps stamp into two workspaces): every block stamps %globaltimer at start,
 at its mid point (producers: before publishing f_a; consumers: when f_a is complete) and
 at its end, plus its SM id. Prints, per (M, config), when the stream / producer /
 consumer blocks of the last two steps start and end relative to the earlier step's first
 block, the step period, and how many blocks started late (a second wave). Usage:
     python scripts/fused_timeline.py [--out DIR] [--precompile] [--cases 0,3,...]
+        [--config '{"M": 16, "m_tile": 16, "tiles": 2, "warps_k": 8, "unroll": 4, "fb_tiles": 2}']
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import executors.cute as ec  # noqa: E402
-from executors.cute.config import Config, fused_grid, fused_workspace_words  # noqa: E402
+import executors.cute as ec
+from executors.cute.config import Config, fused_grid, fused_workspace_words
 
 NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
-BASE = dict(kind="fused", tiles=2, warps_k=8, unroll=4, fb_tiles=2, dbg=1)
-CASES = [  # (M, extra config fields)
-    (1, dict(m_tile=8, ppf=1)), (8, dict(m_tile=8, ppf=1)),
-    (1, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
-    (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1, ppf=1)),
-    (8, dict(m_tile=8, tiles=1, warps_n=2, fb_tiles=1)),
-    (16, dict(m_tile=16)), (16, dict(m_tile=16, tiles=2, warps_n=2, warps_k=4)),
-    # run23: consumers spin on tagged f_a pairs instead of a counter
-    (1, dict(m_tile=8, ppf=1, tag=1)), (8, dict(m_tile=8, ppf=1, tag=1)), (16, dict(m_tile=16, tag=1)),
-    # run31 (session 5): K interleave (ki) at m_tile 8; why m_tile 16 has a long consumer tail
-    (8, dict(m_tile=8, ppf=1, tag=1, ki=1)), (16, dict(m_tile=16, ppf=1, tag=1)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1)), (12, dict(m_tile=16, ppf=1, tag=1, ki=1)),
-    (16, dict(m_tile=16, ppf=1, tag=1, fb_passes=4)),
-    # run32 timed cases 7, 8, 11 and those two with the epoch from fire-and-forget arrivals,
-    # which then replaced the counted last arrival (tag = 1 is that scheme from then on)
-    # session 6: the defaults with the producers' W_FB prefetch (fbpf) at M = 8 and 16, and the
-    # two-pass consumers at M = 9, 12 (why the m_tile-16 step grows 1.4 us from M = 9 to 16)
-    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3)),
-    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, fb_passes=2)),
-    (12, dict(m_tile=16, ppf=1, tag=1, ki=1, fb_passes=2)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, fbpf=2, minb=3)),
-    (9, dict(m_tile=16, ppf=1, tag=1, ki=1)),
-    # session 7: the swapped-role defaults (weights prepacked, wl = 2) at M = 8 (m_tile 8) and
-    # m_tile 16 at M = 8, 9, 16 (where do the 1.1-1.9 us between the two go?), and M = 9 with the
-    # W_FB prefetch
-    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2)),
-    (8, dict(m_tile=16, ppf=1, tag=1, ki=1, swap=1, wl=2)),
-    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, swap=1, wl=2)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, swap=1, wl=2)),
-    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2)),
-    # run51: the m_tile-16 default with minb 3 (run50: 0.3-1.1 us faster than without)
-    (9, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
-    # run55: the same at M = 14 (with the last-ending blocks printed for 25-27)
-    (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2)),
-    # session 8 (run60): the defaults with g1 stored in pairs (gst) at M = 16, 14 (run60 also timed
-    # the producers' tagged pairs stored before out, knob tf at commit 69e9694, as case 30)
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1)),
-    (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1)),
-    # session 9 (run63): the m_tile-16 default (pwu 3) at M = 16 and 14; run63 timed them with
-    # the consumers' dry pass over their F_B code (knob iw, code at commit 7bee194, removed) as
-    # cases 31 and 33: is the tail after "f_a seen" instruction fetch? (no: it stays 1-2.4 us)
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3)),
-    (14, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3)),
-    # run64: 4 warps per block (half the loads in flight per block, 417 blocks at 6/SM) at M = 16, 8:
-    # period 35 / 34 us against 21 / 20 for the defaults, 42 blocks starting up to 20 us late
-    (16, dict(m_tile=16, warps_k=4, ppf=1, tag=1, ki=1, minb=6, swap=1, wl=2, gst=1, pwu=3)),
-    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1)),
-    (8, dict(m_tile=8, warps_k=4, ppf=1, tag=1, ki=1, fbpf=3, minb=6, swap=1, wl=2, gst=1)),
-    # run65: where the m_tile-16 consumers' 1-1.4 us after "f_a seen" go: their mid stamp after the
-    # last mma (dbg 2) or after the g1 stores are issued (dbg 3), at M = 16 and (m_tile 8) at 8
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=2)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=3)),
-    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1, dbg=2)),
-    (8, dict(m_tile=8, ppf=1, tag=1, ki=1, fbpf=3, minb=3, swap=1, wl=2, gst=1, dbg=3)),
-    # run66: the m_tile-16 default at M = 16 with the mid stamp when the second polling warp is done
-    # (dbg 4) and after the barrier once a shared load after it returned (dbg 5)
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=4)),
-    (16, dict(m_tile=16, ppf=1, tag=1, ki=1, minb=3, swap=1, wl=2, gst=1, pwu=3, dbg=5)),
-]
+M_VALUES = (1, 8, 9, 14, 16)
 
 
-def configs():
-    return [(m, Config(**{**BASE, **extra})) for m, extra in CASES]
+def configs(extra: list[dict] = ()):
+    """(M, config) cases: the fused defaults (with and without the prepacked weight) at M_VALUES,
+    then each `extra` config dict (field names as in Config), all with the timeline switch on."""
+    out = []
+    for prepacked in (False, True):
+        for m in M_VALUES:
+            out.append((m, dataclasses.replace(ec.default_fused_config(m, NP, H, NFA, NQ, prepacked), timeline=True)))
+    for d in extra:
+        d = dict(d)
+        m = d.pop("M")
+        out.append((m, dataclasses.replace(Config.from_dict({"kind": "fused", **d}), timeline=True)))
+    return out
 
 
 def pct(v, q):
@@ -131,7 +81,7 @@ def run(m, cfg, steps=20):
     grid = t_all + c
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     wps = [torch.randn(NP, H, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(4)]
-    wks = [ec.tile_weights(w, cfg.wl) for w in wps] if cfg.wl else wps  # the layout cfg reads
+    wks = [ec.tile_weights(w, cfg.weight_layout) for w in wps] if cfg.weight_layout else wps  # the layout cfg reads
     wfb = torch.randn(NFB, NFA, device="cuda", dtype=torch.bfloat16) * 0.05
     out = torch.empty(m, NP, device="cuda", dtype=torch.bfloat16)
     g1 = torch.empty(m, NFB, device="cuda", dtype=torch.bfloat16)
@@ -184,14 +134,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fused_timeline"))
     ap.add_argument("--precompile", action="store_true", help="compile for sm_90a only (no GPU)")
-    ap.add_argument("--cases", default="", help="comma-separated indices into CASES (default: all)")
+    ap.add_argument("--cases", default="", help="comma-separated indices into the cases (default: all)")
+    ap.add_argument("--config", action="append", default=[], type=json.loads,
+                    help="an extra case: a JSON config dict with its M (repeatable)")
     args = ap.parse_args()
     pick = {int(i) for i in args.cases.split(",") if i.strip()}
-    cases = [c for i, c in enumerate(configs()) if not pick or i in pick]
+    cases = [c for i, c in enumerate(configs(args.config)) if not pick or i in pick]
     if args.precompile:
         for _, cfg in cases:
             ec.get_fused_kernel(cfg, NP, H, NQ, NFB, NFA, arch="sm_90a")
-        print(f"precompiled {len(cases)} dbg kernels into {ec.cache_dir()}")
+        print(f"precompiled {len(cases)} timeline kernels into {ec.cache_dir()}")
         return
     import torch
 
