@@ -19,10 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
 
 OPS_PER_LAYER = 10
 
