@@ -21,19 +21,16 @@ the whole module in a CUDA graph and replays it.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from executors import build_executor
+from executors.tools.check import compile_for_run
+from planner.lang.loader import load_plan
 
-from executors import build_executor  # noqa: E402
-from executors.tools.check import compile_for_run  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 __all__ = ["KDAProjection", "main"]
 

@@ -21,13 +21,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from executors import build_executor
+from executors.tools.check import compile_for_run
+from planner.lang.loader import load_plan
 
-from executors import build_executor  # noqa: E402
-from executors.tools.check import compile_for_run  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 __all__ = ["SPTail", "main"]
 

@@ -24,16 +24,13 @@ import datetime as dt
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import executors.cute as ec  # noqa: E402
-from executors.cute.config import Config  # noqa: E402
+import executors.cute as ec
+from executors.cute.config import Config
 
 H, NQ, NFAB, NFA, NFB = 7168, 6144, 144, 128, 1536
 NP = NQ + NFAB  # 6288 packed rows

@@ -31,12 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from executors.tools.bench import (  # noqa: E402
+from executors.tools.bench import (
     close_report,
     env_info,
     hbm_bandwidth,
@@ -44,9 +41,11 @@ from executors.tools.bench import (  # noqa: E402
     parse_tokens,
     write_report,
 )
-from executors.tools.tune import ForcedGate, eager_times, load_tuning, time_graphs, tuned_executor  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
+from executors.tools.tune import ForcedGate, eager_times, load_tuning, time_graphs, tuned_executor
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
+
+ROOT = Path(__file__).resolve().parent.parent
 
 KDA = ROOT / "plans" / "k3_kda_projection.yaml"
 NSETS = 4

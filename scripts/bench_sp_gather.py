@@ -35,15 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from executors import build_executor  # noqa: E402
-from executors.tools.bench import (  # noqa: E402
+from executors import build_executor
+from executors.tools.bench import (
     env_info,
     log,
     parse_tokens,
@@ -51,10 +47,12 @@ from executors.tools.bench import (  # noqa: E402
     time_graphs_dist,
     write_report,
 )
-from planner.config import CompileConfig  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
+from planner.config import CompileConfig
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
 
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # read when NCCL makes its communicators, not at import
 SP = ROOT / "plans" / "k3_sp_tail.yaml"
 TOKENS = [8, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 PRODUCED = """\

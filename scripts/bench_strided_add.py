@@ -25,13 +25,12 @@ import statistics
 import sys
 from pathlib import Path
 
+import torch
+
+from executors.cute import elementwise as ew
+from executors.tools.bench import env_info, log, md_table
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from executors.cute import elementwise as ew  # noqa: E402
-from executors.tools.bench import env_info, log, md_table  # noqa: E402
 
 H = 7168
 NSTATE = 4

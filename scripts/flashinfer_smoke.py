@@ -6,10 +6,8 @@ Exit code 1 if any sub-backend that ran gave a wrong result; a sub-backend that 
 import sys
 import time
 
-import torch
-
-sys.path.insert(0, ".")
 import flashinfer
+import torch
 from flashinfer import mm_bf16
 
 print("flashinfer", flashinfer.__version__, flush=True)

@@ -27,15 +27,14 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from executors import build_executor
+from executors.cudagraph import GraphedExecutor
+from executors.tools.check import compile_for_run, make_data, reference_compiled
+from planner.lang.loader import load_plan
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from executors import build_executor  # noqa: E402
-from executors.cudagraph import GraphedExecutor  # noqa: E402
-from executors.tools.check import compile_for_run, make_data, reference_compiled  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
 
 KDA = ROOT / "plans" / "k3_kda_projection.yaml"
 SP = ROOT / "plans" / "k3_sp_tail.yaml"

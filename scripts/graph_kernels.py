@@ -17,15 +17,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import torch
+from bench_kda_step import KDA, NSETS, REGION, Problem, Shapes
+
+from executors.tools.tune import ForcedGate, capture_steps, load_tuning, time_graphs, tuned_executor
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from executors.tools.tune import ForcedGate, capture_steps, load_tuning, time_graphs, tuned_executor  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
-from scripts.bench_kda_step import KDA, NSETS, REGION, Problem, Shapes  # noqa: E402
 
 
 def kernels_of(g, iters):

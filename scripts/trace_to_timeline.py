@@ -15,10 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from planner.viz.profiler_trace import records  # noqa: E402
-from planner.viz.timeline import render_timeline  # noqa: E402
+from planner.viz.profiler_trace import records
+from planner.viz.timeline import render_timeline
 
 
 def main(argv=None) -> int:

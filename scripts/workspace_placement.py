@@ -16,14 +16,13 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
+import executors.cute as ec
+from executors.cute.config import fused_workspace_words
+from executors.tools.tune import time_graphs
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-import executors.cute as ec  # noqa: E402
-from executors.cute.config import fused_workspace_words  # noqa: E402
-from executors.tools.tune import time_graphs  # noqa: E402
 
 NP, NQ, NFB, NFA, H = 6288, 6144, 1536, 128, 7168
 

@@ -19,6 +19,7 @@ import torch
 
 from planner.graph import build_graph
 from planner.ops import ARITH_OPS
+from planner.pipeline import compile_plan
 
 from ..dtypes import torch_dtype
 from ..lowering import build_executor, default_schedule
@@ -69,13 +70,7 @@ def make_data(plan, bindings: dict, seed: int, rank: int, device) -> tuple[dict,
 
 
 def compile_for_run(plan, config=None):
-    """planner.pipeline.compile_plan when it exists, else the plain graph in plan order."""
-    try:
-        from planner.pipeline import compile_plan
-    except ImportError:  # pipeline not there yet: run the loaded plan as is
-        cp = build_graph(plan)
-        cp.schedule = default_schedule(cp)
-        return cp
+    """The plan through planner.pipeline.compile_plan, ready for build_executor."""
     return compile_plan(plan, config)
 
 
