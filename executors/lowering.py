@@ -21,7 +21,6 @@ from .dtypes import torch_dtype
 from .errors import BuildError
 from .executor import Executor, Step
 from .gating import compile_regions
-from .gemm_chain import fuse_gemm_chains
 from .streams import MAIN
 from .tuning import gemm_table, keyed_table, resolve_tuning, tuned_gemm, tuned_keyed
 from .weights import ROW, layout_gemm, layout_of_tensor, prepare_weights
@@ -38,11 +37,13 @@ def default_schedule(cp) -> list[str]:
 
 
 class _BuildCtx:
-    def __init__(self, cp, device, comms, externs):
+    def __init__(self, cp, device, comms, externs, weights=None, layouts=None):
         self.params = cp.plan.params
         self.dims = cp.plan.dims
         self.specs = cp.tensors
         self.device = device
+        self.weights = weights or {}  # the plan's prepared weights on the device (executors.weights)
+        self.layouts = layouts or {}  # {weight: layout} of those weights
         self._comms = comms
         self._externs = externs
 
@@ -133,7 +134,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         raise BuildError(f"plan '{plan.name}' calls extern(s) {unbound} but externs= binds {sorted(externs)};"
                          " pass callables for them (executors.tools.externs.default_externs(plan) gives test stand-ins)")
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
-    bctx = _BuildCtx(cp, device, comms, externs)
+    dev_weights = {k: weights[k] for k in plan.weights}
+    bctx = _BuildCtx(cp, device, comms, externs, dev_weights, weights.layouts)
     steps = _lower_steps(cp, bctx, device, backend_prefs, tuning_data, weights.layouts)
     events = {}
     if device.type == "cuda":
@@ -144,14 +146,11 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
             events = {e: torch.cuda.Event() for e in cp.events}
             events["entry"] = torch.cuda.Event()
     solver = DimSolver(plan, plan.inputs)
-    dev_weights = {k: weights[k] for k in plan.weights}
     ex = Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
                   list(getattr(cp, "exit_waits", []) or []), trace)
     ex.tuning_source = tuning_source  # which tuning applied (a file, planner/tuned/..., or none and why)
     ex.weight_layouts = dict(weights.layouts)
     ex.prepacked_bytes = {}  # bytes kept beyond the weights: none (the prepared tensor is the only copy)
-    # one-launch gemm -> slice -> gemm
-    fuse_gemm_chains(cp, steps, dev_weights, device, backend_prefs, None, weights.layouts)
     ex.backends = {s.id: s.backend for s in steps}
     ex._op, ex._op_out, ex._op_spec = register_ops(ex)  # the torch.compile entry (executors.custom_op)
     return ex

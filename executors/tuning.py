@@ -168,7 +168,7 @@ def tuned_keyed(op, specs, params, dims, table: dict, fallback, bctx):
 
 def apply_tuning(ex, tuning) -> int:
     """Re-lower the tunable steps of a built Executor with `tuning`'s backends (the tuner's
-    refinement loop); returns how many steps took a tuned runner. Fused gemm chains keep
+    refinement loop); returns how many steps took a tuned runner. gemm_chain ops keep
     their kernel. build_executor does not call this: lowering builds tuned steps directly."""
     from types import SimpleNamespace
     data = load_tuning(tuning) if tuning is not None else {}
@@ -179,7 +179,7 @@ def apply_tuning(ex, tuning) -> int:
     bctx = SimpleNamespace(specs=ex._specs, params=params, device=ex.device)
     count = 0
     for st in ex._steps:
-        if st.run is None or str(st.backend or "").startswith("cute:fused"):
+        if st.run is None or st.kind == "gemm_chain":  # a gemm_chain keeps its fused kernel
             continue
         op = g.nodes[st.id]["op"]
         specs = [ex._specs[n] for n in op.inputs()]

@@ -13,7 +13,7 @@ Layouts:
          16 rows (w_packed[:qkvg], w_packed[qkvg:]) is the mma_a layout of those rows, so the
          two-branch variant's gemms read slices of the one prepared tensor.
 
-A weight gets mma_a when it is the first weight of a gemm -> split -> gemm chain the fused
+A weight gets mma_a when it is the first weight of a gemm_chain op (fuse-gemm-chains) the fused
 kernel runs (CUDA, CuTe available, prepack=True), N % 16 == 0 and K % 32 == 0, and every
 consumer is a gemm's weight operand, directly or through row slices on 16-row boundaries.
 Every path then reads the prepared tensor: the fused kernel (w_swap is the tensor itself),
@@ -90,30 +90,13 @@ def mma_a_matmul(x, p, out=None):
 # ------------------------------------------------------------------ which weight gets which layout
 
 def _chain_first_weights(cp) -> set:
-    """Plan weights read as the first gemm of a gemm -> split -> gemm chain (the fused KDA step:
-    same stream and variant, the second gemm's input a column piece of the first's result)."""
+    """Plan weights read as the first GEMM of a gemm_chain op (planner pass fuse-gemm-chains: the
+    fused KDA step) that the CuTe backend may run."""
     g, out = cp.graph, set()
     for v in cp.schedule or g.nodes:
-        d = g.nodes[v]
-        op_b = d["op"]
-        if op_b.op != "gemm" or op_b.b not in cp.plan.weights:
-            continue
-        fa = cp.tensors.get(op_b.a)
-        if fa is None or fa.producer is None or g.nodes[fa.producer]["op"].op != "split":
-            continue
-        sp = g.nodes[fa.producer]["op"]
-        src = cp.tensors[sp.x]
-        if src.producer is None or src.producer not in g:
-            continue
-        da = g.nodes[src.producer]
-        op_a = da["op"]
-        if op_a.op != "gemm" or op_a.b not in cp.plan.weights or sp.dim % 2 != 1:
-            continue
-        if da.get("stream") != d.get("stream") or tuple(da.get("ctx", ())) != tuple(d.get("ctx", ())):
-            continue
-        if da.get("out_slot") is not None or {op_a.backend, op_b.backend} - {"cute", "auto"}:
-            continue
-        out.add(op_a.b)
+        op = g.nodes[v]["op"]
+        if op.op == "gemm_chain" and op.b in cp.plan.weights and op.backend in ("cute", "auto"):
+            out.add(op.b)
     return out
 
 
@@ -138,6 +121,8 @@ def _only_gemm_weight_reads(cp, name: str) -> bool:
         if name not in op.inputs():
             continue
         if op.op == "gemm" and op.b == name and op.a != name:
+            continue
+        if op.op == "gemm_chain" and op.b == name and name not in (op.a, op.b2):
             continue
         if _row_slice_ok(cp, op) and _only_gemm_weight_reads(cp, op.out[0]):
             continue
@@ -252,4 +237,5 @@ def _swap_stream_config(cute, m: int):
     """The swapped-role stream kernel config on an mma_a weight (tests/test_cute_kernels.py runs it)."""
     if m < 1 or m > 16:
         return None
-    return cute.Config("stream", m_tile=8 if m <= 8 else 16, tiles=2, warps_k=8, unroll=4, ki=1, swap=1, wl=2)
+    return cute.Config("stream", m_tile=8 if m <= 8 else 16, tiles=2, warps_k=8, unroll=4, interleave_k=True,
+                       weights_as_a=True, weight_layout=2)

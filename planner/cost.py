@@ -16,8 +16,8 @@ from .errors import PlanError
 from .expr import eval_int
 from .shapes import DTYPES, FP8_DTYPES
 
-__all__ = ["DeviceProfile", "CostModel", "op_signature", "split_signature", "signature_key", "TUNABLE_KINDS",
-           "default_strided_write_factor"]
+__all__ = ["DeviceProfile", "CostModel", "op_signature", "gemm_signatures", "split_signature", "signature_key",
+           "TUNABLE_KINDS", "default_strided_write_factor"]
 
 # memory-bound ops: (tensor-sized passes over the output relative to reading the inputs once);
 # the time is kernel_us + bytes read and written / HBM bandwidth
@@ -119,6 +119,19 @@ def op_signature(op, specs_in, bindings) -> str:
     return f"{k}:" + ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_in)
 
 
+def gemm_signatures(op, specs_in, bindings) -> list[str]:
+    """The gemm signatures of an op's GEMMs: one for a gemm, the two of a gemm_chain (what tuning
+    measures and the cost model sums for it), none for other ops."""
+    if op.op == "gemm":
+        return [op_signature(op, specs_in, bindings)]
+    if op.op == "gemm_chain":
+        a, b, b2 = specs_in
+        m = eval_int(a.shape[0], bindings)
+        return [f"gemm:{a.dtype}:M={m},N={eval_int(b.shape[0], bindings)},K={eval_int(b.shape[1], bindings)}",
+                f"gemm:{a.dtype}:M={m},N={eval_int(b2.shape[0], bindings)},K={op.width}"]
+    return []
+
+
 def split_signature(sig: str):
     """(kind, dtype, M, rest) of a KIND:DTYPE:M=<m>,<rest> signature, else None."""
     parts = sig.split(":", 2)
@@ -157,6 +170,10 @@ class CostModel:
             hit = p.measured.get(op_signature(op, ins, bindings))
             if hit is not None:
                 return float(hit)
+            if op.op == "gemm_chain":  # both GEMMs measured: their sum bounds the fused op
+                parts = [p.measured.get(s) for s in gemm_signatures(op, ins, bindings)]
+                if all(t is not None for t in parts):
+                    return float(sum(parts))
         nbytes = lambda s: _numel(s, bindings) * DTYPES[s.dtype]  # noqa: E731
         k = op.op
         if k in ("split", "slice", "view", "select"):
@@ -172,6 +189,13 @@ class CostModel:
             moved = sum(nbytes(s) for s in ins) + nbytes(outs[0])  # scales included
             rate = p.fp8_tflops if a.dtype in FP8_DTYPES else p.bf16_tflops
             return p.kernel_us + p.gemm_fixed_us + max(flops / (rate * 1e6), moved / (p.hbm_gbps * 1e3))
+        if k == "gemm_chain":  # both bf16 GEMMs, one launch (the second reads the first's output)
+            a, b, b2 = ins
+            m = eval_int(a.shape[0], bindings)
+            if m == 0:
+                return 0.0
+            first = self._gemm_us(m, b, bindings, nbytes(a) + nbytes(b) + nbytes(outs[0]))
+            return p.kernel_us + first + self._gemm_us(m, b2, bindings, nbytes(b2) + nbytes(outs[1]))
         if k in POINTWISE:
             # one pass: read every input once, write every output once (rope reads only the
             # cache rows of this call's positions: counted as q/k-sized, not the whole cache)
@@ -204,6 +228,13 @@ class CostModel:
         if k in ("copy", "pad", "shard"):
             return p.kernel_us + 2 * nbytes(outs[0]) / (p.hbm_gbps * 1e3)
         return p.kernel_us
+
+
+    def _gemm_us(self, m: int, w, bindings, moved: float) -> float:
+        """A bf16 GEMM of m rows against weight w ([N, K]) that moves `moved` bytes, without the launch."""
+        p = self.p
+        flops = 2.0 * m * eval_int(w.shape[0], bindings) * eval_int(w.shape[1], bindings)
+        return p.gemm_fixed_us + max(flops / (p.bf16_tflops * 1e6), moved / (p.hbm_gbps * 1e3))
 
 
 def _numel(spec, bindings) -> int:

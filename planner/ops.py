@@ -175,6 +175,48 @@ class Gemm(OpBase):
         return [_out(self, ctx, (a.shape[0], b.shape[0]), dt)]
 
 
+class GemmChain(OpBase):
+    """Two dependent GEMMs as one op (made by fuse-gemm-chains): out = a @ b^T, then
+    out2 = out[:, col:col + width] @ b2^T. Outputs [out, out2]; backends run both in one kernel
+    where they can, torch runs the two GEMMs."""
+    op: Literal["gemm_chain"]
+    a: str
+    b: str
+    b2: str = Field(description="Weight of the second GEMM, [N2, width].")
+    col: int = Field(description="First column of out that the second GEMM reads.")
+    width: int = Field(description="Columns of out the second GEMM reads (its K).")
+    backend: Backend = "auto"
+    fused_from: list[str] = Field(default_factory=list, description="Set by fuse-gemm-chains: the two gemm ids.")
+
+    def inputs(self):
+        return [self.a, self.b, self.b2]
+
+    def n_outputs(self):
+        return 2
+
+    def infer(self, ctx):
+        a, b, b2 = ctx.tensor(self.a, "a"), ctx.tensor(self.b, "b"), ctx.tensor(self.b2, "b2")
+        for spec, field in ((a, "a"), (b, "b"), (b2, "b2")):
+            if spec.rank != 2:
+                ctx.fail(f"gemm_chain needs 2-D operands; '{spec.name}' is {fmt_shape(spec.shape)}", field)
+        if not ctx.probes.equal(a.shape[1], b.shape[1]):
+            ctx.fail(f"K mismatch: '{self.a}' has K={fmt_dim(a.shape[1])} but '{self.b}' has K={fmt_dim(b.shape[1])}"
+                     " (b is [N, K])", "b")
+        n = b.shape[0]
+        if self.col < 0 or self.width < 1 or not ctx.probes.holds(lambda x: self.col + self.width <= ctx.at(n, x)):
+            ctx.fail(f"columns [{self.col}, {self.col + self.width}) are not inside the first GEMM's N={fmt_dim(n)}",
+                     "width")
+        if not ctx.probes.equal(b2.shape[1], self.width):
+            ctx.fail(f"'{self.b2}' has K={fmt_dim(b2.shape[1])} but the second GEMM reads {self.width} columns", "b2")
+        for spec, field in ((b, "b"), (b2, "b2")):
+            if spec.dtype != a.dtype:
+                ctx.fail(f"dtype mismatch: '{self.a}' is {a.dtype} but '{spec.name}' is {spec.dtype}", field)
+        if len(self.out) != 2:
+            ctx.fail(f"gemm_chain makes 2 outputs but {len(self.out)} names are given", "out")
+        return [TensorSpec(self.out[0], (a.shape[0], n), a.dtype),
+                TensorSpec(self.out[1], (a.shape[0], b2.shape[0]), a.dtype)]
+
+
 class Add(OpBase):
     """Elementwise a + b (same shape and dtype)."""
     op: Literal["add"]
@@ -445,18 +487,18 @@ class Select(OpBase):
 
 
 Op = Annotated[
-    AllGather | ReduceScatter | AllReduce | AllToAll | Gemm | Add | Extern | Split | Cat | Slice | Pad | Shard | Copy
-    | View | Select | RmsNorm | AddRmsNorm | SiluAndMul | GeluAndMul | Mul | Rope | Quantize,
+    AllGather | ReduceScatter | AllReduce | AllToAll | Gemm | GemmChain | Add | Extern | Split | Cat | Slice | Pad
+    | Shard | Copy | View | Select | RmsNorm | AddRmsNorm | SiluAndMul | GeluAndMul | Mul | Rope | Quantize,
     Field(discriminator="op"),
 ]
 OP_MODELS = {m.model_fields["op"].annotation.__args__[0]: m for m in
-             (AllGather, ReduceScatter, AllReduce, AllToAll, Gemm, Add, Extern, Split, Cat, Slice, Pad, Shard, Copy,
-              View, Select, RmsNorm, AddRmsNorm, SiluAndMul, GeluAndMul, Mul, Rope, Quantize)}
+             (AllGather, ReduceScatter, AllReduce, AllToAll, Gemm, GemmChain, Add, Extern, Split, Cat, Slice, Pad,
+              Shard, Copy, View, Select, RmsNorm, AddRmsNorm, SiluAndMul, GeluAndMul, Mul, Rope, Quantize)}
 OP_KINDS = sorted(OP_MODELS)
-USER_OPS = [k for k in OP_KINDS if k != "select"]
+USER_OPS = [k for k in OP_KINDS if k not in ("select", "gemm_chain")]  # those two are made by the planner
 COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
 VIEW_OPS = {"split", "slice", "view", "select"}
 # ops whose results are computed (compared with a tolerance by `planner run --check`)
-ARITH_OPS = {"gemm", "add", "reduce_scatter", "all_reduce", "rmsnorm", "add_rmsnorm", "silu_and_mul",
+ARITH_OPS = {"gemm", "gemm_chain", "add", "reduce_scatter", "all_reduce", "rmsnorm", "add_rmsnorm", "silu_and_mul",
              "gelu_and_mul", "mul", "rope", "quantize"}
 ELEMENT_BYTES = DTYPES

@@ -1,32 +1,27 @@
-"""The gemm -> split -> gemm chain peephole: detection on CPU, the fused kernel on GPU."""
+"""The KDA gemm -> split -> gemm chain: one gemm_chain op (planner pass fuse-gemm-chains), run by
+torch on CPU and by the fused CuTe kernel on GPU (executors/backends/gemm_chain.py)."""
 
 import pytest
 import torch
 
-from executors.gemm_chain import _chain_of
 from executors.lowering import build_executor
 from executors.tools.check import compile_for_run, make_data
+from planner.config import CompileConfig
 from planner.lang.loader import load_plan
 from tests.planutil import PLANS
 
 
-def _steps(device="cpu"):
+def test_chain_lowered_to_one_step_on_cpu():
     plan = load_plan(PLANS / "k3_kda_projection.yaml")
-    cp = compile_for_run(plan)
-    _, w = make_data(plan, {"num_tokens": 2}, seed=0, rank=0, device=device)
-    ex = build_executor(cp, w, device=device)
-    return cp, ex
-
-
-def test_chain_found_in_packed_variant_only():
-    cp, ex = _steps()
-    by_id = {s.id: s for s in ex._steps if s.kind == "gemm"}
-    got = {b.id: _chain_of(cp, by_id, b) for b in by_id.values()}
-    a, fa_col = got["kda_projection.0/packed/g1"]
-    assert a.id == "kda_projection.0/packed/proj" and fa_col == 6144
-    # two_branch: the first gemm reads a slice of the packed weight, not a whole weight: no chain
-    assert got["kda_projection.0/two_branch/g1"] is None
-    assert got["kda_projection.0/packed/proj"] is None
+    inputs, w = make_data(plan, {"num_tokens": 2}, seed=0, rank=0, device="cpu")
+    ex = build_executor(compile_for_run(plan), w, device="cpu")
+    kinds = {s.id: s.kind for s in ex._steps}
+    assert kinds["kda_projection.0/packed/proj"] == "gemm_chain" and "kda_projection.0/packed/g1" not in kinds
+    assert ex.backends["kda_projection.0/packed/proj"] == "torch" and ex.prepacked_bytes == {}
+    two = build_executor(compile_for_run(plan, CompileConfig(disable_passes={"fuse-gemm-chains"})), w, device="cpu")
+    a, b = ex(**inputs), two(**inputs)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
 
 
 def test_graphs_dropped_when_a_prepacked_weight_is_written():
@@ -51,20 +46,33 @@ def test_graphs_dropped_when_a_prepacked_weight_is_written():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_fused_chain_matches_reference_on_gpu():
+def test_fused_chain_matches_reference_on_gpu(monkeypatch):
     from executors import cute
     if not cute.available():
         pytest.skip("cutlass DSL not available")
+    calls = []
+    step = cute.kda_fused_step
+
+    def recorded(x, w, w_fb, out, g1, **kw):
+        calls.append((tuple(x.shape), w.data_ptr(), w_fb.data_ptr(), kw["fa_col"], kw["w_swap"] is not None))
+        return step(x, w, w_fb, out, g1, **kw)
+
+    monkeypatch.setattr(cute, "kda_fused_step", recorded)
     plan = load_plan(PLANS / "k3_kda_projection.yaml")
     for m in (1, 4, 8, 16):
         inputs, w = make_data(plan, {"num_tokens": m}, seed=m, rank=0, device="cuda")
         ex = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda")
-        assert ex.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
+        assert ex.backends["kda_projection.0/packed/proj"] == "cute"  # the fused kernel (gemm_chain)
         # the packed weight is kept once, in the A-fragment layout (executors.weights): no copy
         assert ex.prepacked_bytes == {} and ex.weight_layouts["w_packed"] == "mma_a"
         ref = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
                              backend_prefs=("torch",))
+        calls.clear()
         out, r = ex(**inputs), ref(**inputs)
+        # the KDA speed path: one fused launch on the executor's weights, f_a at column 6144, the
+        # prepared mma_a weight passed as the A-fragment operand
+        wp = ex._weights["w_packed"]
+        assert calls == [((m, 7168), wp.data_ptr(), w["w_fb"].data_ptr(), 6144, True)], calls
         for k in out:
             cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)
             assert cos > 0.999, (m, k, float(cos))
@@ -83,7 +91,7 @@ def test_fused_chain_matches_reference_on_gpu():
         assert cos > 0.999, ("graph after load_weights", k, float(cos))
     plain = build_executor(compile_for_run(load_plan(PLANS / "k3_kda_projection.yaml")), w, device="cuda",
                            prepack=False)
-    assert plain.prepacked_bytes == {} and plain.backends["kda_projection.0/packed/proj"] == "cute:fused-chain"
+    assert plain.prepacked_bytes == {} and plain.backends["kda_projection.0/packed/proj"] == "cute"
     out, r = plain(**inputs), ref(**inputs)
     for k in out:
         cos = torch.nn.functional.cosine_similarity(out[k].float().flatten(), r[k].float().flatten(), dim=0)

@@ -12,6 +12,7 @@ import torch
 from executors import BuildError, build_executor
 from executors.tools.check import compile_for_run
 from planner.cli import main
+from planner.config import CompileConfig
 from planner.lang.loader import load_plan
 from planner.tuning import (
     TUNED_DIR,
@@ -91,7 +92,10 @@ def test_tuning_chosen_once_in_lowering_and_reported(tmp_path, capsys):
     f.write_text(json.dumps(t))
     tuned = build_executor(compile_for_run(plan), w, device="cpu", tuning=str(f))
     assert tuned.tuning_source == str(f) and tuned.tuned == {"kda_two_branch_max": 5}
-    assert tuned.backends["kda_projection.0/packed/proj"] == "tuned:torch"   # built with its tuned runner
+    assert tuned.backends["kda_projection.0/packed/proj"] == "torch"  # a gemm_chain keeps its own backend
+    unfused = build_executor(compile_for_run(plan, CompileConfig(disable_passes={"fuse-gemm-chains"})), w,
+                             device="cpu", tuning=str(f))
+    assert unfused.backends["kda_projection.0/packed/proj"] == "tuned:torch"   # built with its tuned runner
     x = torch.randn(3, 256).bfloat16()
     assert all(torch.equal(a, b) for a, b in zip(ex(x=x).values(), tuned(x=x).values(), strict=True))
     assert build_executor(compile_for_run(plan), w, device="cpu", tuning={}).tuning_source.startswith("none")

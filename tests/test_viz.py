@@ -98,7 +98,9 @@ def test_kda_projection_lanes_variants_and_events():
     fab = node_named(p, "gemm", "fab_out")
     assert qkvg.lanes[-1] == "stream main" and fab.lanes[-1] == "stream aux"
     assert all(any(x.startswith("variant two_branch") for x in n.lanes) for n in (qkvg, fab))
-    assert any(x.startswith("variant packed") for x in node_named(p, "gemm", "proj").lanes)
+    # the packed variant's gemm -> split -> gemm is one fused op (fuse-gemm-chains)
+    chain = node_named(p, "gemm_chain · fused ×2", "proj")
+    assert any(x.startswith("variant packed") for x in chain.lanes) and "g1 [num_tokens, 1536]" in chain.label
     # fork and join: event edges main -> aux and aux -> main, drawn apart from data edges
     ev = [e for e in p.edges if EVENT_COLOR in e.attrs]
     assert ev and all("dashed" in e.attrs for e in ev)

@@ -6,6 +6,7 @@ imports a GPU library until a capability check or a run needs it.
   torch_ops  every op kind, on CPU and GPU (the fallback), with torch_fp8 (scaled gemms,
              quantize; inductor quantize) and torch_pointwise (norms, activations, mul, rope)
   gemm       CuTe DSL skinny GEMMs (executors.cute, bf16 and fp8) and FlashInfer mm_bf16 / fp8 GEMMs
+  gemm_chain the fused two-GEMM op: the CuTe KDA step kernel, and torch's two GEMMs
   flashinfer_ops  FlashInfer norms, activations, rope and per-token-group fp8 quantize
   add        the CuTe DSL strided add (writes into packed slots)
   p2p        the symmetric-memory all-gather for CUDA graphs
@@ -24,7 +25,16 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import add, flashinfer_ops, gemm, p2p, torch_fp8, torch_ops, torch_pointwise  # noqa: F401
+        from . import (  # noqa: F401
+            add,
+            flashinfer_ops,
+            gemm,
+            gemm_chain,
+            p2p,
+            torch_fp8,
+            torch_ops,
+            torch_pointwise,
+        )
 
 
 def backends_for(kind: str) -> list[str]:

@@ -87,11 +87,11 @@ def tuned_executor(compiled, weights, tuning=None, **kw):
 
 
 def tunable_shapes(ex) -> set:
-    """{(dtype, N, K)} of the gemm steps apply_tuning may rewire (fused chains excluded)."""
+    """{(dtype, N, K)} of the gemm steps apply_tuning may rewire (gemm_chain ops excluded)."""
     out = set()
     g = ex.compiled.graph
     for st in ex._steps:
-        if st.kind != "gemm" or st.run is None or str(st.backend or "").startswith("cute:fused"):
+        if st.kind != "gemm" or st.run is None:
             continue
         op = g.nodes[st.id]["op"]
         if getattr(op, "scaled", False):

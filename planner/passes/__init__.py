@@ -1,12 +1,13 @@
 """Planner passes. Each is fn(compiled, config) -> (compiled, changed), in its own module."""
 
-from . import assign_streams, dce, events, fuse_collectives, memory
+from . import assign_streams, dce, events, fuse_collectives, fuse_gemm_chains, memory
 
 __all__ = ["PIPELINE", "PASS_NAMES"]
 
 # the one explicit, ordered pipeline
 PIPELINE = [
     (dce.NAME, dce.run),
+    (fuse_gemm_chains.NAME, fuse_gemm_chains.run),
     (fuse_collectives.NAME, fuse_collectives.run),
     (assign_streams.NAME, assign_streams.run),
     (events.SCHEDULE, events.schedule),

@@ -14,6 +14,7 @@ __all__ = ["KIND_COLORS", "kind_color", "stream_color", "EVENT_COLOR", "DATA_COL
 # kind -> (fill, border)
 KIND_COLORS: dict[str, tuple[str, str]] = {
     "gemm": ("#a6cee3", "#1f5f8b"),
+    "gemm_chain": ("#7fb0dc", "#16497a"),
     "add": ("#cab2d6", "#6a3d9a"),
     "all_gather": ("#fdbf6f", "#c15d00"),
     "reduce_scatter": ("#fb9a99", "#b2182b"),
