@@ -23,7 +23,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 
 import executors.cute as ec
 from executors.cute.config import Config
+from executors.tools.timing import median_event_us, time_graphs
 
 H, NQ, NFAB, NFA, NFB = 7168, 6144, 144, 128, 1536
 NP = NQ + NFAB  # 6288 packed rows
@@ -156,70 +156,23 @@ def correctness(ms, graph=True):
 
 # --------------------------------------------------------------------------------------
 def time_graph(fns: dict, iters=20, trials=7):
-    """fns: name -> f(i). Captures one graph per name (iters steps), replays round-robin."""
-    graphs = {}
-    for name, f in fns.items():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(NSETS):
-                f(i)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for i in range(iters):
-                f(i)
-        torch.cuda.synchronize()
-        g.replay()
-        g.replay()
-        graphs[name] = g
-    torch.cuda.synchronize()
-    times = {n: [] for n in fns}
-    e0 = torch.cuda.Event(enable_timing=True)
-    e1 = torch.cuda.Event(enable_timing=True)
-    for t in range(trials):
-        names = list(graphs) if t % 2 == 0 else list(reversed(graphs))
-        for n in names:
-            e0.record()
-            graphs[n].replay()
-            e1.record()
-            e1.synchronize()
-            times[n].append(e0.elapsed_time(e1) * 1000.0 / iters)
-    return {n: statistics.median(v) for n, v in times.items()}
+    """fns: name -> f(i). One graph per name (iters steps over the NSETS weight sets), replayed in
+    alternating order (executors.tools.timing)."""
+    return time_graphs(fns, iters=iters, trials=trials, warmup=1, nsets=NSETS, order="alternate")
 
 
 def read_bandwidth():
     big = torch.empty(1 << 30, device="cuda", dtype=torch.bfloat16).uniform_()
-    res = {}
-    torch.sum(big, dtype=torch.float32)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        torch.sum(big, dtype=torch.float32)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1000.0)
-    res["torch_sum_2GiB_TBps"] = big.numel() * 2 / statistics.median(ts) / 1e12
-    del big
+    res = {"torch_sum_2GiB_TBps": big.numel() * 2 / median_event_us(lambda: torch.sum(big, dtype=torch.float32)) / 1e6}
+    big = None
     # the streaming kernel itself on a 705 MB weight (8 x QKVG rows)
     wbig = torch.empty(8 * NQ, H, device="cuda", dtype=torch.bfloat16).uniform_(-0.01, 0.01)
     x = torch.randn(8, H, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(8, 8 * NQ, device="cuda", dtype=torch.bfloat16)
     cfg = ec.default_config(8, NQ, H)
-    ec.skinny_gemm(x, wbig, out, cfg)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        ec.skinny_gemm(x, wbig, out, cfg)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1000.0)
-    res["stream_kernel_705MB_TBps"] = wbig.numel() * 2 / statistics.median(ts) / 1e12
-    del wbig
+    us = median_event_us(lambda: ec.skinny_gemm(x, wbig, out, cfg))
+    res["stream_kernel_705MB_TBps"] = wbig.numel() * 2 / us / 1e6
+    wbig = None
     torch.cuda.empty_cache()
     return res
 

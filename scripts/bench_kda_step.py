@@ -36,12 +36,12 @@ import torch
 from executors.tools.bench import (
     close_report,
     env_info,
-    hbm_bandwidth,
     log,
     parse_tokens,
     write_report,
 )
-from executors.tools.tune import ForcedGate, eager_times, load_tuning, time_graphs, tuned_executor
+from executors.tools.timing import eager_times, hbm_bandwidth, time_graphs
+from executors.tools.tune import ForcedGate, load_tuning, tuned_executor
 from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 

@@ -39,14 +39,8 @@ import torch
 import torch.distributed as dist
 
 from executors import build_executor
-from executors.tools.bench import (
-    env_info,
-    log,
-    parse_tokens,
-    peer_bandwidth,
-    time_graphs_dist,
-    write_report,
-)
+from executors.tools.bench import env_info, log, parse_tokens, write_report
+from executors.tools.timing import eager_times_dist, peer_bandwidth, time_graphs_dist
 from planner.config import CompileConfig
 from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
@@ -75,15 +69,6 @@ ops:
       - s{{i}}: add(h{{i}}, r{{i}})
       - s{{i}}_full: all_gather(s{{i}}, tp)[:num_tokens]
 """
-
-
-def _time_eager(fns: dict, iters: int, trials: int, nsets: int) -> dict:
-    """CPU dry run: wall clock of eager calls (no graphs), max over ranks."""
-    from executors.tools.tune import eager_times
-    res = eager_times(fns, iters, trials, sync=dist.barrier)
-    med = torch.tensor([res[n] for n in fns], dtype=torch.float64)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return dict(zip(list(fns), med.tolist(), strict=True))
 
 
 def _gather_ref(x, world):
@@ -197,7 +182,7 @@ def rank_body(rank: int, world: int, args: dict) -> dict:
         fns = {"separate": separate, "hand_cat": hand_cat, "compiled": compiled, "comp_nccl": comp_nccl, "zc": zc,
                "cat": cat}
         if cpu:
-            t = _time_eager(fns, args["iters"], args["trials"], nsets)
+            t = eager_times_dist(fns, args["iters"], args["trials"])  # CPU dry run: no graphs
         else:
             t = time_graphs_dist(fns, iters=args["iters"], trials=args["trials"], nsets=nsets)
         recv = (world - 1) * loc * S * H * 2

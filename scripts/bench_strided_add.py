@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 
 from executors.cute import elementwise as ew
 from executors.tools.bench import env_info, log, md_table
+from executors.tools.timing import time_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,27 +69,7 @@ def check(rows: int) -> dict:
 
 def time_graph(step, iters: int, trials: int, nsets: int) -> float:
     """us per call: one graph of `iters` calls of step(k) (k = input set), median over trials."""
-    for k in range(nsets):  # compile / warm outside the capture
-        step(k)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=s):
-        for i in range(iters):
-            step(i % nsets)
-    for _ in range(2):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1000.0 / iters)
-    return statistics.median(times)
+    return time_graphs({"step": lambda i: step(i % nsets)}, iters=iters, trials=trials, warmup=1, nsets=nsets)["step"]
 
 
 def bench(rows: int, iters: int, trials: int, nsets: int) -> dict:

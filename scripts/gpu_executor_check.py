@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from executors import build_executor
 from executors.cudagraph import GraphedExecutor
 from executors.tools.check import compile_for_run, make_data, reference_compiled
+from executors.tools.timing import replay_times
 from planner.lang.loader import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,23 +68,8 @@ def _capture(fn, warmup=2):
 
 
 def _time_replay(graphs: dict, iters=300, trials=7) -> dict:
-    """Median us per replay for each graph; order alternates between trials."""
-    times = {k: [] for k in graphs}
-    names = list(graphs)
-    for t in range(trials):
-        for k in (names if t % 2 == 0 else names[::-1]):
-            g = graphs[k]
-            for _ in range(20):
-                g.replay()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            e0.record()
-            for _ in range(iters):
-                g.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            times[k].append(e0.elapsed_time(e1) * 1e3 / iters)
-    return {k: statistics.median(v) for k, v in times.items()}
+    """Median us per replay for each graph (20 warm replays, then `iters` timed); order alternates."""
+    return replay_times(graphs, trials, replays=iters, warm=20, order="alternate")
 
 
 def _overlap(intervals_a, intervals_b) -> float:

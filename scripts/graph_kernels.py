@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from bench_kda_step import KDA, NSETS, REGION, Problem, Shapes
 
-from executors.tools.tune import ForcedGate, capture_steps, load_tuning, time_graphs, tuned_executor
+from executors.tools.timing import capture_steps, time_graphs
+from executors.tools.tune import ForcedGate, load_tuning, tuned_executor
 from planner.lang.loader import load_plan
 from planner.pipeline import compile_plan
 

@@ -20,7 +20,7 @@ import torch
 
 import executors.cute as ec
 from executors.cute.config import fused_workspace_words
-from executors.tools.tune import time_graphs
+from executors.tools.timing import time_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 

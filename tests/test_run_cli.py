@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from executors import backends
 from executors.backends import registry
 from planner.cli import main
@@ -46,9 +48,14 @@ def test_run_mismatch_exits_1(capsys, monkeypatch):
     def bad(op, bctx):
         return lambda ins, b, out: (ins[0] @ ins[1].t()) + 1
 
+    def bad_chain(op, bctx):  # the packed variant's fused gemm_chain op (fuse-gemm-chains)
+        return lambda ins, b, out: [(ins[0] @ ins[1].t()) + 1, torch.zeros(ins[0].shape[0], ins[2].shape[0])]
+
     backends.backends_for("gemm")  # load the real backends first, so the patch is not overwritten
     monkeypatch.setitem(registry._REGISTRY, ("gemm", "cute"),
                         registry.Impl("gemm", "cute", bad, lambda op, specs, device: None))
+    monkeypatch.setitem(registry._REGISTRY, ("gemm_chain", "cute"),
+                        registry.Impl("gemm_chain", "cute", bad_chain, lambda op, specs, device: None))
     rc = main(["run", str(PLANS / "k3_kda_projection.yaml"), "--check", "--num-tokens", "3"])
     out = capsys.readouterr().out
     assert rc == 1 and "result: MISMATCH" in out and " NO" in out

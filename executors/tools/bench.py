@@ -20,15 +20,13 @@ import csv
 import datetime as _dt
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from .tune import time_graphs
+from .timing import eager_times_dist, hbm_bandwidth, peer_bandwidth, time_graphs, time_graphs_dist
 
-__all__ = ["time_graphs", "time_graphs_dist", "hbm_bandwidth", "peer_bandwidth", "env_info", "md_table",
-           "write_report", "bench_plan", "close_report", "parse_tokens"]
+__all__ = ["env_info", "md_table", "write_report", "bench_plan", "close_report", "parse_tokens"]
 
 
 def log(msg: str) -> None:
@@ -79,93 +77,6 @@ def env_info() -> dict:
     except Exception:  # noqa: BLE001
         info["flashinfer"] = None
     return info
-
-
-def _median_event_us(fn, reps=7) -> float:
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3)
-    return statistics.median(ts)
-
-
-def hbm_bandwidth(nbytes: int = 2 << 30, rounds: int = 3) -> dict:
-    """Read bandwidth (TB/s) by a 2 GiB sum, and copy bandwidth (read+write) by a 2 GiB copy:
-    the best of `rounds` medians of 7, after a warm-up. One median alone read 5-7 % low in
-    one process on an H200 (2026-11-30 session 6: 3.96 against 4.17 TB/s, while the kernels of
-    that process streamed at 4.2), which makes the floor too lenient."""
-    import torch
-    big = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16).uniform_()
-    for _ in range(3):
-        torch.sum(big, dtype=torch.float32)
-    t = min(_median_event_us(lambda: torch.sum(big, dtype=torch.float32)) for _ in range(rounds))
-    res = {"sum_read_TBps": nbytes / t / 1e6}
-    dst = torch.empty_like(big)
-    t = min(_median_event_us(lambda: dst.copy_(big)) for _ in range(rounds))
-    res["copy_rw_TBps"] = 2 * nbytes / t / 1e6
-    big = dst = None
-    torch.cuda.empty_cache()
-    return res
-
-
-def peer_bandwidth(src: int = 0, dst: int = 1, nbytes: int = 117 << 20) -> dict:
-    """GB/s of a plain device-to-device copy GPU src -> GPU dst (the NVLink floor's rate)."""
-    import torch
-    a = torch.empty(nbytes // 2, device=f"cuda:{src}", dtype=torch.bfloat16).uniform_()
-    b = torch.empty(nbytes // 2, device=f"cuda:{dst}", dtype=torch.bfloat16)
-    with torch.cuda.device(src):
-        t = _median_event_us(lambda: b.copy_(a, non_blocking=True))
-    res = {"bytes": nbytes, "us": t, "GBps": nbytes / t / 1e3,
-           "peer_access": bool(torch.cuda.can_device_access_peer(src, dst))}
-    a = b = None
-    torch.cuda.empty_cache()
-    return res
-
-
-# ------------------------------------------------------------------ timing with collectives
-
-def time_graphs_dist(fns: dict, iters=20, trials=5, warmup=2, nsets=2) -> dict:
-    """As time_graphs, for paths with collectives: every rank captures the same graphs in the
-    same order, a barrier precedes every trial, and the result is the max over ranks of each
-    rank's median (all ranks get the same numbers). The start event is queued right behind a
-    one-element NCCL all_reduce, so every rank's timed replay starts when the slowest rank's
-    GPU arrives: host-side launch skew between ranks (tens of us, which over a 20-step graph
-    of a 10-20 us collective is 5-10% noise) stays out of the measurement."""
-    import torch
-    import torch.distributed as dist
-
-    from .tune import capture_steps
-    graphs = {}
-    for name, f in fns.items():
-        g = capture_steps(f, iters, warmup, nsets, sync=dist.barrier)
-        g.replay()
-        torch.cuda.synchronize()
-        graphs[name] = g
-    times = {n: [] for n in graphs}
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    token = torch.zeros(1, device="cuda")
-    for t in range(trials):
-        for n in (list(graphs) if t % 2 == 0 else list(reversed(graphs))):
-            dist.barrier()
-            torch.cuda.synchronize()
-            dist.all_reduce(token)  # device-side rendezvous just before the start event
-            e0.record()
-            graphs[n].replay()
-            e1.record()
-            e1.synchronize()
-            times[n].append(e0.elapsed_time(e1) * 1000.0 / iters)
-    med = torch.tensor([statistics.median(times[n]) for n in graphs], device="cuda", dtype=torch.float64)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    del graphs
-    torch.cuda.synchronize()
-    return dict(zip(list(fns), med.tolist(), strict=True))
 
 
 # ------------------------------------------------------------------ reports
@@ -293,7 +204,7 @@ def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nse
         fns = {"reference": lambda i, b=bind, ins=ins: refs[i % nsets](dims=dict(b), **ins),
                "compiled": lambda i, b=bind, ins=ins: exs[i % nsets](dims=dict(b), **ins)}
         if dist and cpu:
-            tm = _eager_dist(fns, iters, trials)
+            tm = eager_times_dist(fns, iters, trials)
         else:
             tm = time_graphs_dist(fns, iters, trials, nsets=nsets) if dist else time_graphs(fns, iters, trials, nsets=nsets)
         row = {"tokens": t, "reference_us": round(tm["reference"], 2), "compiled_us": round(tm["compiled"], 2),
@@ -335,18 +246,6 @@ def _graph_check(ex, bind, ins, want, exact):
     g.replay()
     torch.cuda.synchronize()
     return close_report(static, want, exact)
-
-
-def _eager_dist(fns, iters, trials):
-    """Eager wall clock per step (barrier before each trial), max over ranks."""
-    import torch
-    import torch.distributed as dist
-
-    from .tune import eager_times
-    res = eager_times(fns, iters, trials, sync=dist.barrier)
-    t = torch.tensor([res[n] for n in fns], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return dict(zip(list(fns), t.tolist(), strict=True))
 
 
 def bench_plan(path: str, overrides: dict | None, tokens: list, tuning=None, world: int = 1, iters=20,

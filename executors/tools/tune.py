@@ -22,9 +22,7 @@ applies its "backends" to the lowered gemm steps (executors.tuning.apply_tuning)
 
 from __future__ import annotations
 
-import random
 import re
-import statistics
 import sys
 import time
 
@@ -39,11 +37,12 @@ from planner.tuning import (
 
 from ..backends.gemm import gemm_runner
 from ..tuning import apply_tuning, static_int
+from .timing import time_graphs
 
 __all__ = [
     "FORMAT_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "derive_limit",
     "limit_gates", "parse_signature", "gemm_runner", "apply_tuning", "tuned_executor", "tunable_shapes",
-    "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate", "capture_steps", "eager_times",
+    "gemm_candidates", "time_gemm", "tune_plan", "ForcedGate",
 ]
 
 # ------------------------------------------------------------------ limits from measurements
@@ -150,74 +149,6 @@ def cand_label(backend: str, config: dict | None) -> str:
         from ..cute.config import Config
         return "cute:" + Config.from_dict(config).key()
     return backend
-
-
-def eager_times(fns: dict, iters: int, trials: int, sync=None) -> dict:
-    """Median wall-clock us per step of eager calls f(i), one warm-up call each; `sync`
-    (e.g. a barrier) runs before every trial. The CPU dry runs of tune and bench use it."""
-    res = {}
-    for name, f in fns.items():
-        f(0)
-        ts = []
-        for _ in range(trials):
-            if sync is not None:
-                sync()
-            t0 = time.perf_counter()
-            for i in range(iters):
-                f(i)
-            ts.append((time.perf_counter() - t0) / iters * 1e6)
-        res[name] = statistics.median(ts)
-    return res
-
-
-def capture_steps(f, iters: int, warmup: int, nsets: int, sync=None):
-    """One CUDA graph of `iters` steps f(i) (step i uses weight set i % nsets), captured on a side
-    stream after `warmup` rounds over every set; `sync` (e.g. a barrier) runs just before capture."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warmup):
-            for i in range(nsets):
-                f(i)
-    torch.cuda.synchronize()
-    if sync is not None:
-        sync()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for i in range(iters):
-            f(i)
-    torch.cuda.synchronize()
-    return g
-
-
-def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, nsets: int = 4) -> dict:
-    """fns: {name: f(i)} where step i uses weight set i % nsets. One graph of `iters` steps per
-    name, captured on a side stream after warm-ups; every trial replays them in a new (seeded)
-    random order, so no path always follows the same neighbour; median us/step."""
-    import torch
-    if not torch.cuda.is_available():  # CPU dry run: eager wall clock, same interface
-        return eager_times(fns, iters, trials)
-    graphs = {}
-    for name, f in fns.items():
-        g = capture_steps(f, iters, warmup, nsets)
-        g.replay()
-        g.replay()
-        graphs[name] = g
-    torch.cuda.synchronize()
-    times = {n: [] for n in graphs}
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    order, rng = list(graphs), random.Random(0)
-    for _ in range(trials):
-        rng.shuffle(order)
-        for n in order:
-            e0.record()
-            graphs[n].replay()
-            e1.record()
-            e1.synchronize()
-            times[n].append(e0.elapsed_time(e1) * 1000.0 / iters)
-    del graphs
-    return {n: statistics.median(v) for n, v in times.items()}
 
 
 def _rel_err(out, ref) -> float:
