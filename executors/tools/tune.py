@@ -196,24 +196,24 @@ def _log(msg: str) -> None:
 
 
 def plan_gemms(cp, dim: str, buckets: list) -> dict:
-    """{signature: (dtype, M, N, K)} of every gemm in the compiled plan at every bucket."""
-    from planner.cost import op_signature
+    """{signature: (dtype, M, N, K)} of every GEMM in the compiled plan (gemm ops and both GEMMs of
+    a gemm_chain) at every bucket."""
+    from planner.cost import gemm_signatures
     g = cp.graph
     sigs = {}
     for v in cp.schedule or list(g.nodes):
         op = g.nodes[v]["op"]
-        if op.op != "gemm":
-            continue
         specs = [cp.tensors[n] for n in op.inputs()]
         for b in buckets:
             bind = {**cp.plan.params, **{d: cp.plan.dims[d].hi for d in cp.plan.dims}, dim: b}
             try:
-                sig = op_signature(op, specs, bind)
+                found = gemm_signatures(op, specs, bind)
             except Exception:  # noqa: BLE001
                 continue
-            p = parse_signature(sig)
-            if p is not None:
-                sigs[sig] = p
+            for sig in found:
+                p = parse_signature(sig)
+                if p is not None:
+                    sigs[sig] = p
     return sigs
 
 
@@ -226,7 +226,7 @@ def _variant_sigs(cp, dim: str, bucket: int) -> dict:
     for v in g.nodes:
         d = g.nodes[v]
         op = d["op"]
-        if op.op != "gemm" or not d.get("ctx"):
+        if op.op != "gemm" or not d.get("ctx"):  # (a gemm_chain keeps its fused kernel)
             continue
         try:
             sig = op_signature(op, [cp.tensors[n] for n in op.inputs()], bind)
