@@ -12,27 +12,36 @@ from .predicates import Facts, compile_gate
 __all__ = ["allowed_buckets", "rep_bindings", "op_costs", "simulate", "variant_choice"]
 
 
+class _AnyTensor:
+    """A tensor as gates see it at plan time: the planned layout (optimistic facts)."""
+
+    def __init__(self, spec, dims):
+        self.spec, self._dims = spec, dims
+
+    def is_contiguous(self):
+        return self.spec.contiguous
+
+    @property
+    def dtype(self):
+        return {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}.get(self.spec.dtype, self.spec.dtype)
+
+    @property
+    def shape(self):
+        from .expr import eval_int
+        return [eval_int(d, self._dims) for d in self.spec.shape]
+
+
+class _LazyTensors(dict):
+    def __init__(self, tensors, dims):
+        super().__init__()
+        self._tensors, self._dims = tensors, dims
+
+    def __missing__(self, k):
+        return _AnyTensor(self._tensors[k], self._dims)
+
+
 def _optimistic_facts(cp: Compiled, dims: dict, tuned: dict) -> Facts:
-    class _AnyTensor:  # gates asked about tensors see the planned layout
-        def __init__(self, spec):
-            self.spec = spec
-
-        def is_contiguous(self):
-            return self.spec.contiguous
-
-        @property
-        def dtype(self):
-            return {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}.get(self.spec.dtype, self.spec.dtype)
-
-        @property
-        def shape(self):
-            from .expr import eval_int
-            return [eval_int(d, dims) for d in self.spec.shape]
-
-    class _Lazy(dict):
-        def __missing__(self, k):
-            return _AnyTensor(cp.tensors[k])
-    return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, tensors=_Lazy())
+    return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, tensors=_LazyTensors(cp.tensors, dims))
 
 
 def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
@@ -44,16 +53,20 @@ def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
     first = plan.dims[names[0]]
     cands = [{**{n: plan.dims[n].hi for n in names[1:]}, names[0]: b} for b in first.buckets]
     variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in plan.regions.items()}
+    gates: dict = {}  # one compiled gate per variant (repeated layers share the same few)
     out = []
     for b in cands:
         ok = True
+        facts = _optimistic_facts(cp, b, tuned)
         for rid, vname in ctx:
-            vs = variants.get(rid, [])
-            facts = _optimistic_facts(cp, b, tuned)
-            for v in vs:
+            for v in variants.get(rid, []):
                 if v.name == vname:
-                    if v.when is not None and not compile_gate(v.when)(facts):
-                        ok = False
+                    if v.when is not None:
+                        gate = gates.get(id(v.when))
+                        if gate is None:
+                            gate = gates[id(v.when)] = compile_gate(v.when)
+                        if not gate(facts):
+                            ok = False
                     break
         if ok:
             out.append(b)

@@ -357,12 +357,17 @@ def _region_entry(root, src, params, outputs):
 
 def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[str, Region]:
     out = {}
+    by_region: dict = {}  # region id -> its ops, in plan order (one pass, not one per region)
+    for o in ops:
+        for rid in dict.fromkeys(g[0] for g in op_ctx[o.id]):
+            by_region.setdefault(rid, []).append(o)
+    names = set(tensors)
     for r in ex.regions:
         variants = []
-        members = [o for o in ops if any(g[0] == r.id for g in op_ctx[o.id])]
+        members = by_region.get(r.id, [])
         has_coll = {v: any(o.op in COLLECTIVES and (r.id, v) in op_ctx[o.id] for o in members)
                     for v, *_ in r.variants}
-        visible = set(tensors) | set(r.names)
+        visible = names | set(r.names)
         for name, when_src, wloc, vloc in r.variants:
             if when_src is None:
                 variants.append(Variant(name, None, None, vloc))
