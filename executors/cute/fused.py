@@ -18,7 +18,10 @@ from .kernels import (
     _prefetch_chunks,
     _prefetch_rows,
     _SmemAllocator,
+    _stage_acc,
     _stream_mma,
+    _sum_partials,
+    _thread_coords,
     _weight_addrs,
     _x_addrs,
 )
@@ -111,10 +114,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
     @cute.kernel
     def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mWB: cute.Tensor,
                mG: cute.Tensor, mC: cute.Tensor):
-        tid, _, _ = cute.arch.thread_idx()
-        bid, _, _ = cute.arch.block_idx()
-        lane = tid % 32
-        warp = tid // 32
+        tid, bid, lane, warp = _thread_coords()
         g = lane // 4
         t = lane % 4
         m_rows = mX.shape[0]
@@ -195,16 +195,12 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                               hook, SWAP)
 
             ents = _acc_entries(R, MT, SWAP, g, t)
-            for q in cutlass.range_constexpr(len(ents)):
-                ai, ci, r, m, c8 = ents[q]
-                red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
+            _stage_acc(red, acc, ents, wk, WN, wn, R, MT)
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
                 idx = tid + p * NTHR
                 if idx < OUT_BLK:
-                    s = Float32(0.0)
-                    for q in cutlass.range_constexpr(WK):
-                        s = s + red[q * OUT_BLK + idx]
+                    s = _sum_partials(red, [idx], WK, OUT_BLK)[0]
                     col8 = idx % 8
                     m = (idx // 8) % MT
                     rr = idx // (8 * MT)  # n8 tile within the block (wn * R + r)
@@ -222,11 +218,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         pidx = tid + pp * NTHR
                         if pidx < OUT_BLK // 2:
                             i0 = 2 * pidx
-                            s0 = Float32(0.0)
-                            s1 = Float32(0.0)
-                            for q in cutlass.range_constexpr(WK):
-                                s0 = s0 + red[q * OUT_BLK + i0]
-                                s1 = s1 + red[q * OUT_BLK + i0 + 1]
+                            s0, s1 = _sum_partials(red, [i0, i0 + 1], WK, OUT_BLK)
                             m = (i0 // 8) % MT
                             col = blk0 + (i0 // (8 * MT)) * 8 + i0 % 8
                             if cutlass.const_expr(OVERHANG):

@@ -166,6 +166,29 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
     return acc
 
 
+def _thread_coords():
+    """(tid, bid, lane, warp) of this thread (1-D blocks and grid)."""
+    tid, _, _ = cute.arch.thread_idx()
+    bid, _, _ = cute.arch.block_idx()
+    return tid, bid, tid % 32, tid // 32
+
+
+def _stage_acc(red, acc, ents, wk, WN: int, wn, R: int, MT: int):
+    """This lane's accumulators (see _acc_entries) into the shared-memory partials of warp
+    (wk, wn): one MT x 8 tile per n8 tile r, ahead of the warps_k reduction."""
+    for ai, ci, r, m, c8 in ents:  # plain Python loop: unrolled at trace time
+        red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
+
+
+def _sum_partials(red, idxs, parts: int, stride: int):
+    """[sum over p < parts of red[p * stride + i] for i in idxs], summed in p order."""
+    s = [Float32(0.0) for _ in idxs]
+    for p in range(parts):
+        for j, i in enumerate(idxs):
+            s[j] = s[j] + red[p * stride + i]
+    return s
+
+
 def _acc_entries(R: int, MT: int, SWAP: int, g, t):
     """(accumulator, component, n8 tile r, token row m, column c within the tile) of every
     accumulator value of this lane, for both operand roles: x as A (acc[r][2h + e] = token
@@ -210,10 +233,7 @@ def build_tc(cfg: Config, n: int, k: int):
 
     @cute.kernel
     def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
-        tid, _, _ = cute.arch.thread_idx()
-        bid, _, _ = cute.arch.block_idx()
-        lane = tid % 32
-        warp = tid // 32
+        tid, bid, lane, warp = _thread_coords()
         g = lane // 4
         t = lane % 4
         wn = warp % WN
@@ -254,16 +274,12 @@ def build_tc(cfg: Config, n: int, k: int):
         else:
             smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-            for q in cutlass.range_constexpr(len(ents)):
-                ai, ci, r, m, c8 = ents[q]
-                red[((wk * WN + wn) * R + r) * (MT * 8) + m * 8 + c8] = acc[ai][ci]
+            _stage_acc(red, acc, ents, wk, WN, wn, R, MT)
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
                 idx = tid + p * NTHR
                 if idx < OUT_BLK:
-                    s = Float32(0.0)
-                    for q in cutlass.range_constexpr(WK):
-                        s = s + red[q * OUT_BLK + idx]
+                    s = _sum_partials(red, [idx], WK, OUT_BLK)[0]
                     col8 = idx % 8
                     m = (idx // 8) % MT
                     rr = (idx // (8 * MT)) % R
@@ -299,10 +315,7 @@ def build_split_n(cfg: Config, n: int, k: int):
 
     @cute.kernel
     def kernel(mX: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor):
-        tid, _, _ = cute.arch.thread_idx()
-        bid, _, _ = cute.arch.block_idx()
-        lane = tid % 32
-        warp = tid // 32
+        tid, bid, lane, warp = _thread_coords()
         row0 = bid * RB
         w_base = mW.iterator.toint()
         wv = []
@@ -344,9 +357,7 @@ def build_split_n(cfg: Config, n: int, k: int):
         for p in cutlass.range_constexpr((NACC + NTHR - 1) // NTHR):
             idx = tid + p * NTHR
             if idx < NACC:
-                s = Float32(0.0)
-                for w in cutlass.range_constexpr(NWARP):
-                    s = s + red[w * NACC + idx]
+                s = _sum_partials(red, [idx], NWARP, NACC)[0]
                 m = idx // RB
                 col = row0 + idx % RB
                 if m < m_rows:
