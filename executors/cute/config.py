@@ -120,34 +120,23 @@ class Config:
 
     def _suffix(self) -> str:
         # the compact letters of key(): cache file names and the bench records in results/
-        s = ""
-        if self.weight_layout:
-            s += f"_wl{self.weight_layout}"
-        if self.weights_as_a:
-            s += "_sw"
-        if self.interleave_k:
-            s += "_ki"
-        if self.min_blocks_per_sm:
-            s += f"_mb{self.min_blocks_per_sm}"
-        if self.smem_carveout >= 0:
-            s += f"_cv{self.smem_carveout}"
-        if self.l2_prefetch_distance:
-            s += f"_pf{self.l2_prefetch_distance}"
-        if self.fb_passes != 1:
-            s += f"_fp{self.fb_passes}"
-        if self.prefetch_producer_weights:
-            s += "_ppf"
-        if self.tagged_handoff:
-            s += "_tag"
-        if self.prefetch_fb_l2:
-            s += f"_wb{self.prefetch_fb_l2}"
-        if self.g1_stores:
-            s += "_gs" if self.g1_stores == 1 else f"_gs{self.g1_stores}"
-        if self.prologue_k_steps:
-            s += f"_pw{self.prologue_k_steps}"
-        if self.timeline:
-            s += "_timeline"
-        return s
+        gs = self.g1_stores
+        parts = (
+            (self.weight_layout, f"_wl{self.weight_layout}"),
+            (self.weights_as_a, "_sw"),
+            (self.interleave_k, "_ki"),
+            (self.min_blocks_per_sm, f"_mb{self.min_blocks_per_sm}"),
+            (self.smem_carveout >= 0, f"_cv{self.smem_carveout}"),
+            (self.l2_prefetch_distance, f"_pf{self.l2_prefetch_distance}"),
+            (self.fb_passes != 1, f"_fp{self.fb_passes}"),
+            (self.prefetch_producer_weights, "_ppf"),
+            (self.tagged_handoff, "_tag"),
+            (self.prefetch_fb_l2, f"_wb{self.prefetch_fb_l2}"),
+            (gs, "_gs" if gs == 1 else f"_gs{gs}"),
+            (self.prologue_k_steps, f"_pw{self.prologue_k_steps}"),
+            (self.timeline, "_timeline"),
+        )
+        return "".join(text for on, text in parts if on)
 
     def key(self) -> str:
         """Compact identifier of the config (disk-cache names, bench records)."""

@@ -15,6 +15,7 @@ from .kernels import (
     _k_steps,
     _launch_attrs,
     _load_w,
+    _pdl_wait_and_release,
     _prefetch_chunks,
     _prefetch_rows,
     _SmemAllocator,
@@ -33,7 +34,6 @@ from .ptx import (
     ld_weights_v4,
     mma_k32,
     pack_bf16x2,
-    pdl_wait,
     poll_tagged,
     prefetch_l2_bulk,
     red_add_release_gpu,
@@ -163,8 +163,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                         _prefetch_chunks(pf_row, R, lane, 0, NIT, U)
             w_cur = _load_w(w_addr, 0, PWU, R, W_STEP, IS)
             if cutlass.const_expr(PDL):
-                pdl_wait(tid)
-                cute.arch.griddepcontrol_launch_dependents()
+                _pdl_wait_and_release(tid)
             if cutlass.const_expr(PWU < U):  # the rest of iteration 0 after the wait
                 w_cur = w_cur + _load_w(w_addr, 0, U, R, W_STEP, IS, PWU)
             ep = Int32(0)
@@ -267,8 +266,7 @@ def build_fused(cfg: Config, n: int, k: int, a0: int, nb: int, kb: int):
                 if nrows > 0:
                     prefetch_l2_bulk(wb_base + Int64(r1) * (KB * 2), Int32(nrows * (KB * 2)), lane, 1)
             if cutlass.const_expr(PDL):
-                pdl_wait(tid)
-                cute.arch.griddepcontrol_launch_dependents()
+                _pdl_wait_and_release(tid)
             ep = Int32(0)
             if cutlass.const_expr(TAG):
                 # warp h (< m_tile / 8) spins on the tagged f_a pairs of row g + 8h for its

@@ -166,6 +166,13 @@ def _stream_mma(w_cur, w_addr, w_step: int, xg_addr, xh_addr, pf_row, lane,
     return acc
 
 
+def _pdl_wait_and_release(tid):
+    """Wait for the previous grid (pdl_wait), then let the next kernel launch now: it prefetches
+    its own weights and then blocks in its griddepcontrol.wait until this grid has finished."""
+    pdl_wait(tid)
+    cute.arch.griddepcontrol_launch_dependents()
+
+
 def _thread_coords():
     """(tid, bid, lane, warp) of this thread (1-D blocks and grid)."""
     tid, _, _ = cute.arch.thread_idx()
@@ -250,10 +257,7 @@ def build_tc(cfg: Config, n: int, k: int):
             _prefetch_chunks(pf_row, R, lane, 0, min(PF, NIT), U)
         w_cur = _load_w(w_addr, 0, U, R, W_STEP, IS)
         if cutlass.const_expr(PDL):
-            pdl_wait(tid)
-            # let the next kernel launch now: it prefetches its own weights and then
-            # blocks in its griddepcontrol.wait until this grid has finished
-            cute.arch.griddepcontrol_launch_dependents()
+            _pdl_wait_and_release(tid)
 
         m_rows = mX.shape[0]
         sx = mX.stride[0]
@@ -327,10 +331,7 @@ def build_split_n(cfg: Config, n: int, k: int):
                                         + Int64((tid + v * NTHR) * 16)))
             wv.append(rv)
         if cutlass.const_expr(PDL):
-            pdl_wait(tid)
-            # let the next kernel launch now: it prefetches its own weights and then
-            # blocks in its griddepcontrol.wait until this grid has finished
-            cute.arch.griddepcontrol_launch_dependents()
+            _pdl_wait_and_release(tid)
 
         m_rows = mX.shape[0]
         sx = mX.stride[0]
