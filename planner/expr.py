@@ -11,6 +11,8 @@ passed to eval(). The same AST serves three purposes:
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass, field
 
@@ -315,6 +317,11 @@ class _Parser:
 def parse(text: str) -> Expr:
     if not isinstance(text, str):
         text = str(text)
+    return _parse(text)
+
+
+@functools.lru_cache(maxsize=8192)  # repeated layers parse the same texts; the trees are frozen
+def _parse(text: str) -> Expr:
     p = _Parser(text)
     e = p.expr()
     t = p.peek()
