@@ -139,7 +139,11 @@ def main():
                     help="an extra case: a JSON config dict with its M (repeatable)")
     args = ap.parse_args()
     pick = {int(i) for i in args.cases.split(",") if i.strip()}
-    cases = [c for i, c in enumerate(configs(args.config)) if not pick or i in pick]
+    every = configs(args.config)
+    if pick - set(range(len(every))):
+        ap.error(f"--cases {sorted(pick - set(range(len(every))))}: there are {len(every)} cases (0..{len(every) - 1}):"
+                 f" the fused defaults at M = {M_VALUES} without and with the prepacked weight, then --config ones")
+    cases = [c for i, c in enumerate(every) if not pick or i in pick]
     if args.precompile:
         for _, cfg in cases:
             ec.get_fused_kernel(cfg, NP, H, NQ, NFB, NFA, arch="sm_90a")
