@@ -1,6 +1,6 @@
 """Inline-PTX operations of the CuTe DSL kernels (imports cutlass: load lazily, see __init__.py):
 vector loads with cache hints, L2 bulk prefetch, the PDL wait, the release/acquire and tagged
-handoffs of the fused step kernel, mma.sync steps and the timeline stamps of its dbg mode."""
+handoffs of the fused step kernel, mma.sync steps and the stamps of its timeline switch."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def poll_tagged(addr: Int64, tag: Int32, steps: int, *, loc=None, ip=None):
 
 @dsl_user_op
 def ld_epoch(addr: Int64, *, loc=None, ip=None):
-    """tag = 1: this launch's epoch, the 64-bit arrival word / EPOCH_SPAN. Every launch adds
+    """tagged_handoff: this launch's epoch, the 64-bit arrival word / EPOCH_SPAN. Every launch adds
     exactly EPOCH_SPAN, and a block reads the word after the PDL wait (all earlier launches'
     arrivals are in) and before its own arrival (not all of this launch's are), so every
     block of a launch sees the same epoch, whatever mix of configs shares the workspace."""
@@ -194,9 +194,8 @@ def ld_epoch(addr: Int64, *, loc=None, ip=None):
 
 @dsl_user_op
 def red_epoch(addr: Int64, idx: Int32, total: int, *, loc=None, ip=None):
-    """tag = 1: arrival `idx` of `total` adds its share of EPOCH_SPAN to the arrival word, fire
-    and forget: no atomic round trip before the last blocks of the step can retire (H200
-    run32: 0.5-2 us per step at m_tile 16 against a counted last arrival)."""
+    """tagged_handoff: arrival `idx` of `total` adds its share of EPOCH_SPAN to the arrival word,
+    fire and forget: no atomic round trip before the last blocks of the step can retire."""
     base, rem = epoch_shares(total)
     llvm.inline_asm(
         None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)],
