@@ -18,17 +18,11 @@ one CUDA graph and replayed on fresh inputs.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
+# kda_projection_module, sp_tail_module: sibling examples (running this file puts its folder on sys.path)
+from kda_projection_module import SMALL, KDAProjection
+from sp_tail_module import SPTail
 from torch import nn
-
-ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "examples"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from kda_projection_module import SMALL, KDAProjection  # noqa: E402
-from sp_tail_module import SPTail  # noqa: E402
 
 __all__ = ["K3Block", "main"]
 

@@ -12,7 +12,6 @@ passed to eval(). The same AST serves three purposes:
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass, field
 

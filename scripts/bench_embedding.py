@@ -33,22 +33,20 @@ around one call (4 steps), median of --trials, paths in a new random order every
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
 from pathlib import Path
 
+import torch
+from torch import nn
+
+from executors import build_executor
+from executors.tools.bench import env_info, log, parse_tokens, write_report
+from executors.tools.check import compile_for_run
+from executors.tools.timing import call_times, hbm_bandwidth
+from executors.weights import prepare_weights
+from planner.lang.loader import load_plan
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from executors import build_executor  # noqa: E402
-from executors.tools.bench import env_info, hbm_bandwidth, log, parse_tokens, write_report  # noqa: E402
-from executors.tools.check import compile_for_run  # noqa: E402
-from executors.weights import prepare_weights  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
 
 KDA = ROOT / "plans" / "k3_kda_projection.yaml"
 TUNING = ROOT / "results" / "tuning" / "2026-11-30_h200_k3_kda_projection_s8.json"
@@ -176,26 +174,8 @@ class _Call(nn.Module):
 # ------------------------------------------------------------------ timing
 
 def time_calls(fns: dict, trials: int, cuda: bool) -> dict:
-    """{name: median us of one call}; GPU time with a spin kernel ahead of the call."""
-    import time
-    times = {n: [] for n in fns}
-    order, rng = list(fns), random.Random(0)
-    for _ in range(trials):
-        rng.shuffle(order)
-        for n in order:
-            if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(200_000)
-                e0.record()
-                fns[n]()
-                e1.record()
-                e1.synchronize()
-                times[n].append(e0.elapsed_time(e1) * 1000.0)
-            else:
-                t0 = time.perf_counter()
-                fns[n]()
-                times[n].append((time.perf_counter() - t0) * 1e6)
-    return {n: statistics.median(v) for n, v in times.items()}
+    """{name: median us of one call} (executors.tools.timing.call_times)."""
+    return call_times(fns, trials, cuda)
 
 
 def memory_section(plan, dev, layers: int) -> dict:

@@ -7,6 +7,7 @@ tune, bench and the scripts in scripts/ time through these functions:
   time_graphs      capture + replay_times for {name: f(i)}; eager wall clock without a GPU
   time_graphs_dist the same for paths with collectives: barriers, a device-side rendezvous, max over ranks
   eager_times      median wall-clock us per step of eager calls (eager_times_dist: max over ranks)
+  call_times       median us of single calls fn(): CUDA events behind a spin kernel, or wall clock
   median_event_us  median CUDA-event time of one call
   hbm_bandwidth, peer_bandwidth   the floors the benches compare against
 """
@@ -18,7 +19,7 @@ import statistics
 import time
 
 __all__ = ["capture_steps", "replay_times", "time_graphs", "time_graphs_dist", "eager_times", "eager_times_dist",
-           "median_event_us", "hbm_bandwidth", "peer_bandwidth"]
+           "call_times", "median_event_us", "hbm_bandwidth", "peer_bandwidth"]
 
 
 def eager_times(fns: dict, iters: int, trials: int, sync=None) -> dict:
@@ -152,6 +153,31 @@ def time_graphs_dist(fns: dict, iters=20, trials=5, warmup=2, nsets=2) -> dict:
     out = _max_over_ranks(fns, [res[n] for n in fns], device="cuda")
     torch.cuda.synchronize()
     return out
+
+
+def call_times(fns: dict, trials: int, cuda: bool) -> dict:
+    """{name: median us of one call fn()}, the names in a new seeded random order per trial. On
+    the GPU: CUDA events around the call with a spin kernel queued ahead of it, so the host's
+    launch cost shows only where it exceeds the GPU time; else wall clock."""
+    import torch
+    times = {n: [] for n in fns}
+    order, rng = list(fns), random.Random(0)
+    for _ in range(trials):
+        rng.shuffle(order)
+        for n in order:
+            if cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(200_000)
+                e0.record()
+                fns[n]()
+                e1.record()
+                e1.synchronize()
+                times[n].append(e0.elapsed_time(e1) * 1000.0)
+            else:
+                t0 = time.perf_counter()
+                fns[n]()
+                times[n].append((time.perf_counter() - t0) * 1e6)
+    return {n: statistics.median(v) for n, v in times.items()}
 
 
 def median_event_us(fn, reps: int = 7) -> float:
