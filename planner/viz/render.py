@@ -8,10 +8,7 @@ a message that says what to install or change, never a traceback.
 
 from __future__ import annotations
 
-import html
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 __all__ = ["RenderError", "find_dot", "render_dot", "html_page", "INSTALL_HINT", "FORMATS"]
@@ -27,6 +24,8 @@ class RenderError(Exception):
 
 def find_dot() -> str | None:
     """Path of the `dot` binary, or None. $PLANNER_DOT overrides the PATH lookup ('' disables)."""
+    import shutil  # here, not at import: the CLI imports this module for FORMATS on every command
+
     env = os.environ.get("PLANNER_DOT")
     if env is not None:
         return shutil.which(env) if env else None
@@ -35,6 +34,8 @@ def find_dot() -> str | None:
 
 def render_dot(dot_text: str, fmt: str, timeout: float = 120.0, engine: str | None = None) -> bytes:
     """Run Graphviz on `dot_text`; fmt is 'svg' or 'png'."""
+    import subprocess
+
     exe = find_dot()
     if exe is None:
         raise RenderError(f"no Graphviz renderer found; {INSTALL_HINT}")
@@ -56,6 +57,8 @@ def render_dot(dot_text: str, fmt: str, timeout: float = 120.0, engine: str | No
 
 def html_page(svg: str, title: str) -> str:
     """A self-contained page: the SVG inline, zoomable with the browser, nothing fetched."""
+    import html
+
     svg = svg[svg.find("<svg"):] if "<svg" in svg else svg
     t = html.escape(title)
     return f"""<!DOCTYPE html>
