@@ -11,13 +11,17 @@ passed to eval(). The same AST serves three purposes:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import re
+from collections import ChainMap
 from dataclasses import dataclass, field
 
 __all__ = [
     "Expr", "Num", "Str", "Name", "Unary", "Bin", "Call", "Index", "Slice", "ListE",
     "Comp", "ExprError", "parse", "unparse", "free_names", "fold", "eval_int", "evaluate", "FUNCS",
+    "Budget", "budget", "current_budget", "depth",
 ]
 
 
@@ -113,8 +117,47 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _KEYWORDS = {"and", "or", "not", "in", "for", "if", "true", "false", "True", "False"}
-MAX_EXPR_LEN = 4096
-MAX_EXPR_DEPTH = 48
+# budgets: every expression and every load is bounded in time and memory (docs/plan-language.md#limits)
+MAX_EXPR_LEN = 4096       # characters of one expression
+MAX_EXPR_DEPTH = 48       # nesting of parentheses, calls, brackets and prefix operators while parsing
+MAX_AST_DEPTH = 200       # height of the tree (a left-associative chain of N terms is N deep)
+MAX_STEPS = 2_000_000     # evaluation steps of one load (nodes, list items, comprehension and loop steps)
+MAX_LIST = 1_000_000      # items of a list or range
+MAX_STR = 65_536          # characters of a string value
+MAX_INT = 2**63
+
+
+class Budget:
+    """Evaluation steps left for one load (or one stand-alone evaluate() call)."""
+
+    def __init__(self, steps: int = MAX_STEPS):
+        self.limit = steps
+        self.left = steps
+
+    def spend(self, n: int, pos: int = 0) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise ExprError(f"the plan needs more than {self.limit:,} evaluation steps (budget 'eval-steps');"
+                            " a loop, range or comprehension is too long", pos, "limit")
+
+
+_CURRENT: contextvars.ContextVar = contextvars.ContextVar("planner_budget", default=None)
+
+
+@contextlib.contextmanager
+def budget(steps: int = MAX_STEPS):
+    """All evaluate() calls inside share one Budget (the loader wraps a whole load in this)."""
+    b = Budget(steps)
+    token = _CURRENT.set(b)
+    try:
+        yield b
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_budget() -> Budget:
+    """The shared Budget, or a fresh one outside `budget()`."""
+    return _CURRENT.get() or Budget()
 
 
 @dataclass
@@ -126,7 +169,8 @@ class Tok:
 
 def tokenize(text: str) -> list[Tok]:
     if len(text) > MAX_EXPR_LEN:
-        raise ExprError(f"expression is {len(text)} characters long; the limit is {MAX_EXPR_LEN}", 0, "limit")
+        raise ExprError(f"expression is {len(text):,} characters long; the limit is {MAX_EXPR_LEN:,}"
+                        " (budget 'expr-length')", 0, "limit")
     toks, i = [], 0
     while i < len(text):
         m = _TOKEN.match(text, i)
@@ -181,7 +225,8 @@ class _Parser:
     def expr(self, min_bp: int = 0) -> Expr:
         self.depth += 1
         if self.depth > MAX_EXPR_DEPTH:
-            raise ExprError(f"expression nests deeper than {MAX_EXPR_DEPTH} levels", self.peek().pos, "limit")
+            raise ExprError(f"expression nests deeper than {MAX_EXPR_DEPTH} levels (budget 'expr-nesting')",
+                          self.peek().pos, "limit")
         left = self.prefix()
         while True:
             t = self.peek()
@@ -314,19 +359,55 @@ class _Parser:
 
 
 def parse(text: str) -> Expr:
+    """The AST of `text` (memoised: a block body inlined 10,000 times is parsed once; ASTs are immutable)."""
     if not isinstance(text, str):
         text = str(text)
     return _parse(text)
 
 
-@functools.lru_cache(maxsize=8192)  # repeated layers parse the same texts; the trees are frozen
+@functools.lru_cache(maxsize=1 << 16)  # repeated layers parse the same texts; the trees are frozen
 def _parse(text: str) -> Expr:
     p = _Parser(text)
     e = p.expr()
     t = p.peek()
     if t.kind != "end":
         raise ExprError(f"unexpected {t.text!r} after the end of the expression", t.pos)
+    h = depth(e, MAX_AST_DEPTH + 1)
+    if h > MAX_AST_DEPTH:
+        raise ExprError(f"expression is more than {MAX_AST_DEPTH} levels deep (budget 'expr-depth'); a chain of"
+                        " that many operators or subscripts: split it over several params", e.pos, "limit")
     return e
+
+
+def _children(x) -> list:
+    if isinstance(x, Unary):
+        return [x.x]
+    if isinstance(x, Bin):
+        return [x.l, x.r]
+    if isinstance(x, Call):
+        return list(x.args) + [v for _, v in x.kwargs]
+    if isinstance(x, ListE):
+        return list(x.items)
+    if isinstance(x, Index):
+        return [x.value, *x.items]
+    if isinstance(x, Slice):
+        return [s for s in (x.start, x.stop) if s is not None]
+    if isinstance(x, Comp):
+        return [x.elt, x.iter] + ([x.cond] if x.cond is not None else [])
+    return []
+
+
+def depth(e, stop: int | None = None) -> int:
+    """Height of an expression tree (iterative); counting stops at `stop`."""
+    best, stack = 0, [(e, 1)]
+    while stack:
+        x, d = stack.pop()
+        if d > best:
+            best = d
+            if stop is not None and best >= stop:
+                return best
+        stack.extend((c, d + 1) for c in _children(x))
+    return best
 
 
 # ---------------------------------------------------------------- printing
@@ -369,19 +450,9 @@ def free_names(e) -> set[str]:
         x = stack.pop()
         if isinstance(x, Name):
             out.add(x.id)
-        elif isinstance(x, Unary):
-            stack.append(x.x)
-        elif isinstance(x, Bin):
-            stack += [x.l, x.r]
-        elif isinstance(x, Call):
-            stack += list(x.args) + [v for _, v in x.kwargs]
-        elif isinstance(x, ListE):
-            stack += list(x.items)
-        elif isinstance(x, Index):
-            stack += [x.value, *x.items]
-        elif isinstance(x, Slice):
-            stack += [s for s in (x.start, x.stop) if s is not None]
-        elif isinstance(x, Comp):
+        elif not isinstance(x, Comp):
+            stack += _children(x)
+        else:
             inner = free_names(x.elt) | (free_names(x.cond) if x.cond is not None else set())
             out |= (inner - {x.var}) | free_names(x.iter)
     return out
@@ -444,86 +515,232 @@ _CMPF = {
 }
 
 
+def _call(e: Call, args: list, budget: Budget):
+    if e.kwargs:
+        raise ExprError(f"'{e.fn}' takes no keyword arguments here", e.pos, "type")
+    arity, fn = FUNCS[e.fn]
+    if arity is not None and len(args) != arity:
+        raise ExprError(f"'{e.fn}' takes {arity} arguments, got {len(args)}", e.pos, "type")
+    if e.fn in ("min", "max") and not args:
+        raise ExprError(f"'{e.fn}' needs at least one argument", e.pos, "type")
+    if e.fn in ("ceil_div", "round_up", "range", "min", "max"):
+        for a in args:
+            if not isinstance(a, int) or isinstance(a, bool):
+                raise ExprError(f"'{e.fn}' needs integer arguments", e.pos, "type")
+    if e.fn in ("ceil_div", "round_up") and args[1] == 0:
+        raise ExprError("division by zero", e.pos, "param")
+    if e.fn == "range":
+        if not 1 <= len(args) <= 3:
+            raise ExprError("'range' takes 1 to 3 arguments", e.pos, "type")
+        n = _range_len(*args, pos=e.pos)
+        if n > MAX_LIST:
+            raise ExprError(f"range({', '.join(map(str, args))}) is too long: {n:,} items; the limit is {MAX_LIST:,}"
+                            " (budget 'list-length')", e.pos, "limit")
+        budget.spend(n, e.pos)
+    if e.fn == "len" and not isinstance(args[0], list):
+        raise ExprError("'len' needs a list", e.pos, "type")
+    if e.fn in ("min", "max"):
+        budget.spend(len(args), e.pos)
+    return _check_int(fn(*args), e.pos)
+
+
+def _range_len(*args, pos: int) -> int:
+    """len(range(*args)) without building it (len() overflows past 2**63)."""
+    start, stop, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
+    if step == 0:
+        raise ExprError("range() step must not be zero", pos, "param")
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
+
+
+def _check_int(v, pos: int):
+    if isinstance(v, int) and not isinstance(v, bool) and not -MAX_INT <= v <= MAX_INT:
+        raise ExprError(f"integer overflow: {v:.3g} is beyond +-2**63", pos, "param")
+    return v
+
+
+def _sized(v, pos: int, budget: Budget):
+    """Charge a made string or list and refuse it past its size budget."""
+    if isinstance(v, str):
+        if len(v) > MAX_STR:
+            raise ExprError(f"a string is too long: {len(v):,} characters; the limit is {MAX_STR:,} (budget 'string-length')",
+                            pos, "limit")
+        budget.spend(len(v) // 64 + 1, pos)
+    elif isinstance(v, list):
+        if len(v) > MAX_LIST:
+            raise ExprError(f"a list is too long: {len(v):,} items; the limit is {MAX_LIST:,} (budget 'list-length')",
+                            pos, "limit")
+        budget.spend(len(v) + 1, pos)
+    return v
+
+
+def _concat_size(a, b, pos: int):
+    # check before building: doubling a string or list param must be refused, not materialised
+    if isinstance(a, str) and isinstance(b, str) and len(a) + len(b) > MAX_STR:
+        raise ExprError(f"a string is too long: {len(a) + len(b):,} characters; the limit is {MAX_STR:,}"
+                        " (budget 'string-length')", pos, "limit")
+    if isinstance(a, list) and isinstance(b, list) and len(a) + len(b) > MAX_LIST:
+        raise ExprError(f"a list is too long: {len(a) + len(b):,} items; the limit is {MAX_LIST:,} (budget 'list-length')",
+                        pos, "limit")
+
+
+def _name(e: Name, env):
+    if e.id == "true":
+        return True
+    if e.id == "false":
+        return False
+    if e.id not in env:
+        from .errors import did_you_mean
+        raise ExprError(f"unknown name '{e.id}'", e.pos, "name", did_you_mean(e.id, env))
+    return env[e.id]
+
+
 def evaluate(e: Expr, env: dict):
-    """Evaluate to a Python value (int, bool, str, list). Unknown names raise 'name'."""
-    if isinstance(e, Num):
-        return e.value
-    if isinstance(e, Str):
-        return e.value
-    if isinstance(e, Name):
-        if e.id == "true":
-            return True
-        if e.id == "false":
-            return False
-        if e.id not in env:
-            from .errors import did_you_mean
-            raise ExprError(f"unknown name '{e.id}'", e.pos, "name", did_you_mean(e.id, env))
-        return env[e.id]
-    if isinstance(e, Unary):
-        v = evaluate(e.x, env)
-        if e.op == "not":
-            return not _as_bool(v, e.pos)
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ExprError("unary '-' needs an integer", e.pos, "type")
-        return -v
-    if isinstance(e, Bin):
-        if e.op == "and":
-            return _as_bool(evaluate(e.l, env), e.pos) and _as_bool(evaluate(e.r, env), e.pos)
-        if e.op == "or":
-            return _as_bool(evaluate(e.l, env), e.pos) or _as_bool(evaluate(e.r, env), e.pos)
-        a, b = evaluate(e.l, env), evaluate(e.r, env)
-        if e.op in _CMPF:
-            if type(a) is not type(b) and not (isinstance(a, int) and isinstance(b, int)):
-                raise ExprError(f"cannot compare {type(a).__name__} with {type(b).__name__}", e.pos, "type")
-            return _CMPF[e.op](a, b)
-        return _arith(e.op, a, b, e.pos)
-    if isinstance(e, Call):
-        if e.kwargs:
-            raise ExprError(f"'{e.fn}' takes no keyword arguments here", e.pos, "type")
-        if e.fn not in FUNCS:
-            from .errors import did_you_mean
-            raise ExprError(f"unknown function '{e.fn}'", e.pos, "name", did_you_mean(e.fn, FUNCS))
-        arity, fn = FUNCS[e.fn]
-        args = [evaluate(a, env) for a in e.args]
-        if arity is not None and len(args) != arity:
-            raise ExprError(f"'{e.fn}' takes {arity} arguments, got {len(args)}", e.pos, "type")
-        if e.fn in ("min", "max") and not args:
-            raise ExprError(f"'{e.fn}' needs at least one argument", e.pos, "type")
-        if e.fn in ("ceil_div", "round_up", "range", "min", "max"):
-            for a in args:
-                if not isinstance(a, int) or isinstance(a, bool):
-                    raise ExprError(f"'{e.fn}' needs integer arguments", e.pos, "type")
-        if e.fn in ("ceil_div", "round_up") and args[1] == 0:
-            raise ExprError("division by zero", e.pos, "param")
-        if e.fn == "range":
-            if not 1 <= len(args) <= 3:
-                raise ExprError("'range' takes 1 to 3 arguments", e.pos, "type")
-            if len(range(*args)) > 1_000_000:
-                raise ExprError("range is too long (over 1,000,000 items)", e.pos, "limit")
-        if e.fn == "len" and not isinstance(args[0], list):
-            raise ExprError("'len' needs a list", e.pos, "type")
-        return fn(*args)
-    if isinstance(e, ListE):
-        return [evaluate(i, env) for i in e.items]
-    if isinstance(e, Comp):
-        seq = evaluate(e.iter, env)
-        if not isinstance(seq, list):
-            raise ExprError("a comprehension needs a list to iterate over", e.iter.pos, "type")
-        out = []
-        for v in seq:
-            inner = {**env, e.var: v}
-            if e.cond is None or _as_bool(evaluate(e.cond, inner), e.cond.pos):
-                out.append(evaluate(e.elt, inner))
-        return out
-    if isinstance(e, Index):
-        v = evaluate(e.value, env)
-        if not isinstance(v, list) or len(e.items) != 1 or isinstance(e.items[0], Slice):
-            raise ExprError("only lists can be indexed here, with one integer", e.pos, "type")
-        i = evaluate(e.items[0], env)
-        if not isinstance(i, int) or not -len(v) <= i < len(v):
-            raise ExprError(f"index {i} out of range for a list of {len(v)}", e.pos, "param")
-        return v[i]
-    raise ExprError(f"{type(e).__name__} is not allowed here", getattr(e, "pos", 0))
+    """Evaluate to a Python value (int, bool, str, list). Unknown names raise 'name'.
+
+    Iterative (an explicit stack, no Python recursion), so a chain of any depth evaluates; every node,
+    list item and comprehension step is charged to the current Budget (see `budget()`).
+    """
+    bud = _CURRENT.get() or Budget()
+    # work items: (node, env) to evaluate, or (callable, ...) continuations that pop from `vals`
+    vals: list = []
+    work: list = [(_EVAL, e, env)]
+    while work:
+        item = work.pop()
+        tag = item[0]
+        if tag is _EVAL:
+            _, x, en = item
+            bud.left -= 1
+            if bud.left < 0:
+                bud.spend(0, x.pos)
+            if isinstance(x, Num):
+                vals.append(_check_int(x.value, x.pos))
+            elif isinstance(x, Str):
+                vals.append(_sized(x.value, x.pos, bud))
+            elif isinstance(x, Name):
+                vals.append(_name(x, en))
+            elif isinstance(x, Unary):
+                work.append((_UNARY, x))
+                work.append((_EVAL, x.x, en))
+            elif isinstance(x, Bin):
+                if x.op in ("and", "or"):
+                    work.append((_SHORT, x, en))
+                else:
+                    work.append((_BIN, x))
+                    work.append((_EVAL, x.r, en))
+                work.append((_EVAL, x.l, en))
+            elif isinstance(x, Call):
+                if x.fn not in FUNCS:
+                    from .errors import did_you_mean
+                    raise ExprError(f"unknown function '{x.fn}'", x.pos, "name", did_you_mean(x.fn, FUNCS))
+                work.append((_CALL, x, len(x.args)))
+                work.extend((_EVAL, a, en) for a in reversed(x.args))
+            elif isinstance(x, ListE):
+                work.append((_LIST, x, len(x.items)))
+                work.extend((_EVAL, a, en) for a in reversed(x.items))
+            elif isinstance(x, Comp):
+                work.append((_COMP, x, en, None, 0, []))
+                work.append((_EVAL, x.iter, en))
+            elif isinstance(x, Index):
+                if len(x.items) != 1 or isinstance(x.items[0], Slice):
+                    raise ExprError("only lists can be indexed here, with one integer", x.pos, "type")
+                work.append((_INDEX, x))
+                work.append((_EVAL, x.items[0], en))
+                work.append((_EVAL, x.value, en))
+            else:
+                raise ExprError(f"{type(x).__name__} is not allowed here", getattr(x, "pos", 0))
+        elif tag is _UNARY:
+            x = item[1]
+            v = vals.pop()
+            if x.op == "not":
+                vals.append(not _as_bool(v, x.pos))
+            elif not isinstance(v, int) or isinstance(v, bool):
+                raise ExprError("unary '-' needs an integer", x.pos, "type")
+            else:
+                vals.append(-v)
+        elif tag is _SHORT:
+            _, x, en = item
+            a = _as_bool(vals.pop(), x.pos)
+            if (x.op == "and") != a:  # decided by the left side
+                vals.append(a)
+            else:
+                work.append((_BOOL, x))
+                work.append((_EVAL, x.r, en))
+        elif tag is _BOOL:
+            vals.append(_as_bool(vals.pop(), item[1].pos))
+        elif tag is _BIN:
+            x = item[1]
+            b = vals.pop()
+            a = vals.pop()
+            if x.op in _CMPF:
+                if type(a) is not type(b) and not (isinstance(a, int) and isinstance(b, int)):
+                    raise ExprError(f"cannot compare {type(a).__name__} with {type(b).__name__}", x.pos, "type")
+                if isinstance(a, (list, str)):
+                    bud.spend(min(len(a), len(b)) // 8, x.pos)
+                vals.append(_CMPF[x.op](a, b))
+            else:
+                _concat_size(a, b, x.pos)
+                vals.append(_sized(_check_int(_arith(x.op, a, b, x.pos), x.pos), x.pos, bud)
+                            if isinstance(a, (str, list)) else _check_int(_arith(x.op, a, b, x.pos), x.pos))
+        elif tag is _CALL:
+            _, x, n = item
+            args = vals[len(vals) - n:]
+            del vals[len(vals) - n:]
+            vals.append(_call(x, args, bud))
+        elif tag is _LIST:
+            _, x, n = item
+            out = vals[len(vals) - n:]
+            del vals[len(vals) - n:]
+            vals.append(_sized(out, x.pos, bud))
+        elif tag is _INDEX:
+            x = item[1]
+            i = vals.pop()
+            v = vals.pop()
+            if not isinstance(v, list):
+                raise ExprError("only lists can be indexed here, with one integer", x.pos, "type")
+            if not isinstance(i, int) or isinstance(i, bool) or not -len(v) <= i < len(v):
+                raise ExprError(f"index {i} out of range for a list of {len(v)}", x.pos, "param")
+            vals.append(v[i])
+        elif tag is _COMP:
+            _, x, en, seq, k, out = item
+            if seq is None:  # the iterable just arrived
+                seq = vals.pop()
+                if not isinstance(seq, list):
+                    raise ExprError("a comprehension needs a list to iterate over", x.iter.pos, "type")
+            elif k & _TAKE:  # a condition or an element just arrived
+                k &= ~_TAKE
+                got = vals.pop()
+                if k & _ELT:
+                    k &= ~_ELT
+                    out.append(got)
+                    if len(out) > MAX_LIST:
+                        _sized(out, x.pos, bud)
+                    k += 1
+                elif _as_bool(got, x.cond.pos):
+                    inner = ChainMap({x.var: seq[k]}, en)
+                    work.append((_COMP, x, en, seq, k | _TAKE | _ELT, out))
+                    work.append((_EVAL, x.elt, inner))
+                    continue
+                else:
+                    k += 1
+            if k >= len(seq):
+                vals.append(out)
+                continue
+            bud.left -= 1
+            inner = ChainMap({x.var: seq[k]}, en)
+            if x.cond is None:
+                work.append((_COMP, x, en, seq, k | _TAKE | _ELT, out))
+                work.append((_EVAL, x.elt, inner))
+            else:
+                work.append((_COMP, x, en, seq, k | _TAKE, out))
+                work.append((_EVAL, x.cond, inner))
+    return vals[-1]
+
+
+# continuation tags of evaluate()'s work stack
+_EVAL, _UNARY, _SHORT, _BOOL, _BIN, _CALL, _LIST, _INDEX, _COMP = (object() for _ in range(9))
+_TAKE, _ELT = 1 << 62, 1 << 61  # flags in a comprehension's counter: a value is waiting / it is an element
 
 
 def _as_bool(v, pos: int) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import Diagnostic, Loc, PlanError, did_you_mean, display_path
-from .yamlsrc import Source, load_yaml
+from .yamlsrc import MAX_BYTES, Source, load_yaml
 
 __all__ = ["PlanDoc", "BlockDoc", "validate_doc", "pydantic_error", "load_tree"]
 
@@ -92,6 +92,7 @@ def load_tree(path: Path, text: str | None = None) -> list[tuple[Source, PlanDoc
     out: list[tuple[Source, PlanDoc]] = []
     done: set[Path] = set()
     stack: list[Path] = []
+    used = [0]  # bytes read so far: the file-bytes budget covers the root and all its includes
 
     def visit(p: Path, txt: str | None, from_loc: Loc | None):
         rp = p.resolve()
@@ -102,7 +103,8 @@ def load_tree(path: Path, text: str | None = None) -> list[tuple[Source, PlanDoc
             return
         if len(done) >= MAX_INCLUDES:
             raise PlanError.at(from_loc, "limit", f"more than {MAX_INCLUDES} included files")
-        src = load_yaml(p, display_path(p), txt)
+        src = load_yaml(p, display_path(p), txt, MAX_BYTES - used[0])
+        used[0] += src.size
         doc = validate_doc(src)
         stack.append(rp)
         for i, inc in enumerate(doc.include):

@@ -9,17 +9,20 @@ calls and `x[a:b]` slices, which become anonymous ops.
 from __future__ import annotations
 
 import re
+from collections import ChainMap
 from dataclasses import dataclass, field
 
 from ..errors import Loc, PlanError, did_you_mean
-from ..expr import Call, ExprError, Index, ListE, Name, Num, Slice, evaluate, parse, unparse
+from ..expr import Call, ExprError, Index, ListE, Name, Num, Slice, current_budget, evaluate, parse, unparse
 from ..ops import OP_MODELS, USER_OPS
 from .yamlsrc import Source
 
 __all__ = ["RawOp", "RegionRaw", "Expander"]
 
 RESERVED = {"for", "ops", "op", "region", "variants", "outputs", "when", "name"}
-MAX_OPS = 2_000_000
+# budgets of the expansion (docs/plan-language.md#limits): 120,000 ops load in about 3 s
+MAX_OPS = 120_000
+MAX_BLOCK_DEPTH = 16
 
 T, TL, S, INT, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
 DLL, SL, B = "dim lists", "symbols", "bool"
@@ -157,10 +160,20 @@ class Expander:
                 if "ops" not in item:
                     raise PlanError.at(src.loc(p), "schema", "a 'for' block needs 'ops'")
                 var, vals = self.loop_values(item["for"], env, src.value_loc(p + ("for",)))
-                for v in vals:
-                    out += self.flatten(item["ops"], {**env, var: v}, p + ("ops",), src)
-                    if len(out) > MAX_OPS:
-                        raise PlanError.at(src.loc(p), "limit", f"plan expands to more than {MAX_OPS} ops")
+                bud = current_budget()
+                for k, v in enumerate(vals):
+                    try:
+                        bud.spend(1)  # an empty body still costs its iterations
+                    except ExprError as e:
+                        raise PlanError.at(src.loc(p), e.code, e.message) from None
+                    got = self.flatten(item["ops"], ChainMap({var: v}, env), p + ("ops",), src)
+                    if k == 0 and len(got) * len(vals) > MAX_OPS:  # refuse before expanding the rest
+                        raise PlanError.at(src.loc(p), "limit", f"this loop expands to {len(got) * len(vals):,} ops"
+                                           f" ({len(vals):,} x {len(got):,}); the limit is {MAX_OPS:,} (budget 'ops')")
+                    out += got
+                    if len(out) + len(self.ops) > MAX_OPS:
+                        raise PlanError.at(src.loc(p), "limit", f"plan expands to more than {MAX_OPS:,} ops"
+                                           " (budget 'ops')")
             else:
                 out.append(Entry(item, env, p if not keyed else path + (next(iter(item)),), src))
         return out
@@ -312,7 +325,8 @@ class Expander:
     def add(self, raw: RawOp):
         self.ops.append(raw)
         if len(self.ops) > MAX_OPS:
-            raise PlanError.at(raw.loc, "limit", f"plan expands to more than {MAX_OPS} ops")
+            where = f" (inlining blocks {' -> '.join(self.block_stack)})" if self.block_stack else ""
+            raise PlanError.at(raw.loc, "limit", f"plan expands to more than {MAX_OPS:,} ops{where} (budget 'ops')")
 
     def long(self, e: Entry, scope: Scope):
         it, src, env = dict(e.item), e.src, e.env
@@ -533,6 +547,9 @@ class Expander:
         doc, src, bpath = self.blocks[name]
         if name in self.block_stack:
             raise PlanError.at(loc.shift(ast.pos), "cycle", f"block '{name}' calls itself (through {' -> '.join(self.block_stack)})")
+        if len(self.block_stack) >= MAX_BLOCK_DEPTH:
+            raise PlanError.at(loc.shift(ast.pos), "limit", f"blocks are inlined more than {MAX_BLOCK_DEPTH} levels deep"
+                               f" ({' -> '.join(self.block_stack[:4])} -> ... -> {name}) (budget 'block-depth')")
         args = doc.get("args", [])
         bouts = doc.get("outputs", [])
         kwargs = dict(ast.kwargs)
@@ -558,7 +575,7 @@ class Expander:
         for bo, o in zip(bouts, outs, strict=True):
             fixed[bo] = scope.names.get(o, scope.prefix + o) if o != "_" else f"{inst_id}/{bo}"
         self.block_stack.append(name)
-        benv = {**self.params}
+        benv = ChainMap({}, self.params)  # a view: copying every param per call made many calls quadratic
         if "variants" in doc:
             bscope.names.update(fixed)
             self.variants(doc["variants"], benv, bpath + ("variants",), src, bscope, inst_id, bouts)

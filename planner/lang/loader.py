@@ -7,19 +7,20 @@ location; nothing from the plan is executed.
 from __future__ import annotations
 
 import re
+from collections import ChainMap
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
 from ..errors import Diagnostic, Loc, PlanError, did_you_mean
-from ..expr import ExprError, evaluate, fold, free_names, parse, unparse
+from ..expr import ExprError, budget, evaluate, fold, free_names, parse, unparse
 from ..infer import check_inplace, infer_all
 from ..ir import DimSpec, Plan, Region, Variant
 from ..ops import COLLECTIVES, Op
 from ..predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
 from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, unknown_dtype
 from .document import load_tree
-from .expand import Expander
+from .expand import MAX_OPS, Expander
 from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
@@ -50,24 +51,54 @@ def _expr_error(e: ExprError, loc: Loc) -> PlanError:
 
 # ---------------------------------------------------------------- params
 
+MAX_PARAMS = 50_000
+_PARAM_KEYS = ["value", "choices", "min", "max", "doc"]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _param_spec(name, raw, src: Source, path) -> dict:
+    """The param's mapping form with every field's type checked (value is checked when evaluated)."""
+    loc = src.loc(path)
+    if not _NAME.match(name):
+        raise PlanError.at(loc, "param", f"'{name}' is not a valid param name")
+    spec = raw if isinstance(raw, dict) else {"value": raw}
+    bad = set(spec) - set(_PARAM_KEYS)
+    if bad:
+        k = sorted(bad)[0]
+        raise PlanError.at(src.loc(path + (k,)), "schema", f"unknown key '{k}' in param '{name}'",
+                           did_you_mean(k, _PARAM_KEYS))
+    if "value" not in spec:
+        raise PlanError.at(loc, "param", f"param '{name}' needs a value")
+    ch = spec.get("choices")
+    if "choices" in spec and (not isinstance(ch, list) or not ch or not all(
+            isinstance(c, (int, str)) or (isinstance(c, list) and all(_is_int(x) for x in c)) for c in ch)):
+        raise PlanError.at(src.value_loc(path + ("choices",)), "type",
+                           f"'choices' of param '{name}' must be a non-empty list of integers or strings"
+                           f" (found {ch!r:.60})")
+    for bound in ("min", "max"):
+        if bound in spec and not _is_int(spec[bound]):
+            raise PlanError.at(src.value_loc(path + (bound,)), "type",
+                               f"'{bound}' of param '{name}' must be an integer (found {spec[bound]!r:.60})")
+    if "doc" in spec and not isinstance(spec["doc"], str):
+        raise PlanError.at(src.value_loc(path + ("doc",)), "type", f"'doc' of param '{name}' must be a string")
+    return spec
+
+
 def _eval_params(decls: dict, overrides: dict) -> dict:
-    """decls: name -> (raw value, Source, path). Evaluated in dependency order."""
+    """decls: name -> (raw value, Source, path). Evaluated in dependency order (linear in the params)."""
     for k in overrides:
         if k not in decls:
             raise PlanError.at(None, "param", f"--set {k}: the plan has no param '{k}'", did_you_mean(k, decls))
+    if len(decls) > MAX_PARAMS:
+        _, src, path = list(decls.values())[MAX_PARAMS]
+        raise PlanError.at(src.loc(path), "limit", f"the plan has {len(decls):,} params; the limit is {MAX_PARAMS:,}"
+                           " (budget 'params')")
     exprs, values, meta = {}, {}, {}
     for name, (raw, src, path) in decls.items():
-        loc = src.loc(path)
-        if not _NAME.match(name):
-            raise PlanError.at(loc, "param", f"'{name}' is not a valid param name")
-        spec = raw if isinstance(raw, dict) else {"value": raw}
-        bad = set(spec) - {"value", "choices", "min", "max", "doc"}
-        if bad:
-            k = sorted(bad)[0]
-            raise PlanError.at(src.loc(path + (k,)), "schema", f"unknown key '{k}' in param '{name}'",
-                               did_you_mean(k, ["value", "choices", "min", "max", "doc"]))
-        if "value" not in spec:
-            raise PlanError.at(loc, "param", f"param '{name}' needs a value")
+        spec = _param_spec(name, raw, src, path)
         meta[name] = (spec, src, path)
         v = overrides.get(name, spec["value"])
         vpath = path + ("value",) if isinstance(raw, dict) else path
@@ -76,40 +107,59 @@ def _eval_params(decls: dict, overrides: dict) -> dict:
                 exprs[name] = (parse(v), src.value_loc(vpath))
             except ExprError as e:
                 raise _expr_error(e, src.value_loc(vpath)) from None
-        elif isinstance(v, (bool, int, str)) or (isinstance(v, list) and all(
-                isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        elif isinstance(v, (bool, int, str)) or (isinstance(v, list) and all(_is_int(x) for x in v)):
+            if _is_int(v) and not -2**63 <= v <= 2**63:
+                raise PlanError.at(src.value_loc(vpath), "param", f"param '{name}' = {v:.3g} is beyond +-2**63")
             values[name] = v
         else:
-            raise PlanError.at(src.loc(vpath), "type", f"param '{name}' must be an integer, string, list of integers or expression")
-    # dependency order
-    pending = dict(exprs)
-    env = {**{k: k for k in DTYPES}, **values}
-    while pending:
-        progressed = False
-        for name, (ast, loc) in list(pending.items()):
-            deps = free_names(ast) - {"true", "false"}
-            unknown = [d for d in deps if d not in decls and d not in DTYPES and d not in DTYPE_ALIASES]
-            if unknown:
-                raise PlanError.at(loc, "name", f"param '{name}' uses unknown name '{unknown[0]}'",
-                                   did_you_mean(unknown[0], decls))
-            if all(d in env or d in DTYPE_ALIASES for d in deps):
-                try:
-                    env[name] = evaluate(ast, {**{a: DTYPE_ALIASES[a] for a in DTYPE_ALIASES}, **env})
-                except ExprError as e:
-                    raise PlanError.at(loc.shift(e.pos), e.code, f"param '{name}': {e.message}", e.hint) from None
-                del pending[name]
-                progressed = True
-        if not progressed:
-            names = sorted(pending)
-            raise PlanError.at(pending[names[0]][1], "cycle", f"params depend on each other in a cycle: {', '.join(names)}")
+            raise PlanError.at(src.value_loc(vpath), "type", f"param '{name}' must be an integer, string, list of"
+                               f" integers or expression (found {v!r:.60})")
+    # dependency order (Kahn): each param is evaluated once all the params it names are known
+    env = {**DTYPE_ALIASES, **{k: k for k in DTYPES}, **values}
+    waiting: dict[str, int] = {}
+    users: dict[str, list[str]] = {}
+    ready = []
+    for name, (ast, loc) in exprs.items():
+        deps = free_names(ast) - {"true", "false"}
+        unknown = sorted(d for d in deps if d not in decls and d not in DTYPES and d not in DTYPE_ALIASES)
+        if unknown:
+            raise PlanError.at(loc, "name", f"param '{name}' uses unknown name '{unknown[0]}'",
+                               did_you_mean(unknown[0], decls))
+        todo = [d for d in deps if d in exprs]
+        waiting[name] = len(todo)
+        for d in todo:
+            users.setdefault(d, []).append(name)
+        if not todo:
+            ready.append(name)
+    while ready:
+        name = ready.pop()
+        ast, loc = exprs[name]
+        try:
+            env[name] = evaluate(ast, env)
+        except ExprError as e:
+            raise PlanError.at(loc.shift(e.pos), e.code, f"param '{name}': {e.message}", e.hint) from None
+        for u in users.get(name, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    if any(waiting.values()):
+        names = sorted(n for n, w in waiting.items() if w)
+        raise PlanError.at(exprs[names[0]][1], "cycle", f"params depend on each other in a cycle: {', '.join(names[:8])}"
+                           + (f" (and {len(names) - 8} more)" if len(names) > 8 else ""))
     params = {k: env[k] for k in decls}
     for name, (spec, src, path) in meta.items():
         v = params[name]
         if "choices" in spec and v not in spec["choices"]:
             where = "--set" if name in overrides else "value"
-            raise PlanError.at(src.loc(path), "param", f"param '{name}' = {v!r} ({where}) is not one of {spec['choices']}")
+            raise PlanError.at(src.loc(path), "param", f"param '{name}' = {v!r:.60} ({where}) is not one of"
+                               f" {spec['choices']!r:.200}")
         for bound, ok in (("min", lambda a, b: a >= b), ("max", lambda a, b: a <= b)):
-            if bound in spec and isinstance(v, int) and not ok(v, spec[bound]):
+            if bound not in spec:
+                continue
+            if not _is_int(v):
+                raise PlanError.at(src.loc(path), "type", f"param '{name}' has '{bound}' but its value {v!r:.60}"
+                                   " is not an integer")
+            if not ok(v, spec[bound]):
                 raise PlanError.at(src.loc(path), "param", f"param '{name}' = {v} violates {bound} {spec[bound]}")
     return params
 
@@ -240,8 +290,11 @@ def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander
         m = _FOR_KEY.match(key)
         if m:
             var, vals = expander.loop_values(f"{m.group(2)} in {m.group(3)}", params, src.loc(path))
+            if len(vals) > MAX_OPS:
+                raise PlanError.at(src.loc(path), "limit", f"'{key}' declares {len(vals):,} names; the limit is"
+                                   f" {MAX_OPS:,} (budget 'ops')")
             for v in vals:
-                yield expander.interp(m.group(1), {**params, var: v}, src.loc(path)), raw, path
+                yield expander.interp(m.group(1), ChainMap({var: v}, params), src.loc(path)), raw, path
         else:
             yield expander.interp(key, params, src.loc(path)), raw, path
 
@@ -251,8 +304,11 @@ def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander
 def load_plan(path: str | Path, overrides: dict | None = None, text: str | None = None) -> Plan:
     """Load, expand and check a plan file (or `text` as if it were that file)."""
     from ..errors import no_gc
-    with no_gc():
-        return _load_plan(path, overrides or {}, text)
+    with no_gc(), budget():  # one evaluation-step budget for the whole load
+        try:
+            return _load_plan(path, overrides or {}, text)
+        except RecursionError:  # a last guard: every recursive walk is bounded by a budget before this
+            raise PlanError.at(Loc(str(path)), "limit", "the plan nests too deeply to check") from None
 
 
 def _load_plan(path, overrides: dict, text: str | None) -> Plan:

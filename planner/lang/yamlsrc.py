@@ -41,6 +41,7 @@ class Source:
     data: object
     locs: dict[tuple, Loc] = field(default_factory=dict)
     vlocs: dict[tuple, Loc] = field(default_factory=dict)  # where a scalar's text starts
+    size: int = 0  # characters of the text
 
     def value_loc(self, path: tuple) -> Loc:
         """Location of the first character of the scalar at `path` (for expression columns)."""
@@ -79,7 +80,7 @@ class _Converter:
             if self.count > MAX_NODES:
                 raise PlanError.at(
                     self.loc(node), "limit",
-                    f"document has more than {MAX_NODES} nodes (aliases expanded)",
+                    f"document has more than {MAX_NODES:,} nodes with aliases expanded (budget 'yaml-nodes')",
                 )
             self.locs.setdefault(path, self.loc(node))
             if isinstance(node, yaml.ScalarNode):
@@ -128,15 +129,21 @@ class _Converter:
 
 
 def _check_depth(text: str, file: str) -> None:
-    depth = 0
+    # one streaming pass before composing: depth and node count are refused before any tree is built
+    depth = events = 0
     try:
         for event in yaml.parse(text, Loader=_LOADER):
+            events += 1
+            if events > MAX_NODES:
+                m = event.start_mark
+                raise PlanError.at(Loc(file, m.line + 1, m.column + 1), "limit",
+                                   f"document has more than {MAX_NODES:,} YAML nodes (budget 'yaml-nodes')")
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_DEPTH:
                     m = event.start_mark
                     raise PlanError.at(Loc(file, m.line + 1, m.column + 1), "limit",
-                                       f"document nests deeper than {MAX_DEPTH} levels")
+                                       f"document nests deeper than {MAX_DEPTH} levels (budget 'yaml-depth')")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
     except yaml.YAMLError as exc:
@@ -160,21 +167,30 @@ def _yaml_error(exc: yaml.YAMLError, file: str, text: str = "") -> PlanError:
     return PlanError.at(loc, "yaml", msg, hint)
 
 
-def load_yaml(path: Path | str, display: str | None = None, text: str | None = None) -> Source:
+def load_yaml(path: Path | str, display: str | None = None, text: str | None = None,
+              max_bytes: int = MAX_BYTES) -> Source:
+    """Parse one plan file (or `text` as if it were that file) of at most `max_bytes`."""
     file = display or str(path)
     if text is None:
         try:
-            raw = Path(path).read_bytes()
+            # stat first: a huge (or sparse) file is refused without reading it
+            size = Path(path).stat().st_size
+            if size > max_bytes:
+                raise PlanError.at(Loc(file), "limit", f"plan file is {size:,} bytes; the limit is {max_bytes:,}"
+                                   " (budget 'file-bytes', all included files together)")
+            with open(path, "rb") as f:
+                raw = f.read(max_bytes + 1)  # the file may grow between stat and read
         except OSError as exc:
             raise PlanError.at(Loc(file), "io", f"cannot read plan: {exc.strerror or exc}") from None
-        if len(raw) > MAX_BYTES:
-            raise PlanError.at(Loc(file), "limit", f"plan file is {len(raw)} bytes; the limit is {MAX_BYTES}")
+        if len(raw) > max_bytes:
+            raise PlanError.at(Loc(file), "limit", f"plan file is over {max_bytes:,} bytes (budget 'file-bytes')")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise PlanError.at(Loc(file), "yaml", f"plan is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    elif len(text) > MAX_BYTES:
-        raise PlanError.at(Loc(file), "limit", f"plan text is {len(text)} characters; the limit is {MAX_BYTES}")
+    elif len(text) > max_bytes:
+        raise PlanError.at(Loc(file), "limit", f"plan text is {len(text):,} characters; the limit is {max_bytes:,}"
+                           " (budget 'file-bytes')")
     _check_depth(text, file)
     try:
         nodes = list(yaml.compose_all(text, Loader=_LOADER))
@@ -189,4 +205,4 @@ def load_yaml(path: Path | str, display: str | None = None, text: str | None = N
         raise PlanError.at(Loc(file, m.line + 1, m.column + 1), "schema", "a plan file holds one YAML document")
     conv = _Converter(file)
     data = conv.convert(nodes[0])
-    return Source(file, data, conv.locs, conv.vlocs)
+    return Source(file, data, conv.locs, conv.vlocs, len(text))

@@ -1,0 +1,82 @@
+"""Hostile plans (tests/hostile_plans.py) end in exit 0 or 2 within seconds and a few hundred MB.
+
+Each case runs `python -m planner validate` in a child process under an address-space cap, so a case
+that would allocate gigabytes fails here instead of swapping the machine; a refusal must be a located
+error[limit] (or another located error), never a traceback.
+"""
+
+import re
+
+import pytest
+
+from tests.hostile_plans import HOSTILE
+from tests.limits_util import run_planner
+
+WALL_S = 8.0      # the judge allows 10 s; keep a margin on a loaded 2-core machine
+MEM_MB = 640      # address space of the child, interpreter and libraries included
+LOCATED = re.compile(r"^\S+?(:\d+:\d+)?: error\[(\w+)\]: ", re.M)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_plan_is_bounded(case, tmp_path):
+    path = HOSTILE[case](tmp_path)
+    out = run_planner(["validate", str(path)], timeout_s=WALL_S * 2, mem_mb=MEM_MB)
+    assert out.rc in (0, 2), out.describe()
+    assert "Traceback" not in out.stderr, out.describe()
+    assert out.wall_s < WALL_S, out.describe()
+    if out.rc == 2:
+        m = LOCATED.search(out.stderr)
+        assert m, out.describe()
+
+
+# the budget each case must be refused by, where the refusal is the point of the case
+EXPECTED = {
+    "blocks_deep": "block-depth", "blocks_wide": "ops", "params_many": "params",
+    "comprehension_1e12": "eval-steps", "comprehension_flat_1e12": "list-length", "string_doubling": "string-length",
+    "list_doubling": "list-length", "nested_for_empty": "eval-steps", "nested_for_small_ranges": "ops",
+    "for_just_over_limit": "ops", "for_two_levels_over_limit": "ops", "input_keys_loop": "ops",
+    "long_chain_add": "expr-depth", "postfix_index_chain": "expr-depth", "nested_parens": "expr-nesting",
+    "long_expression": "expr-length", "yaml_flat_list": "yaml-nodes", "yaml_laughs": "yaml-nodes",
+    "sparse_file": "file-bytes", "includes_fan": "file-bytes",
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_refusal_names_its_budget(case, tmp_path):
+    from planner.errors import PlanError
+    from planner.lang.loader import load_plan
+    path = HOSTILE[case](tmp_path)
+    with pytest.raises(PlanError) as ei:
+        load_plan(path)
+    d = ei.value.diagnostics[0]
+    assert d.code == "limit", d.format()
+    assert f"budget '{EXPECTED[case]}'" in d.message, d.format()
+    assert d.loc is not None
+
+
+def test_params_in_reverse_order_are_linear(tmp_path):
+    import time
+
+    from tests.hostile_plans import params_reverse
+    from planner.lang.loader import _eval_params
+    from planner.lang.yamlsrc import load_yaml
+
+    def timed(n):
+        src = load_yaml(params_reverse(tmp_path, n))
+        decls = {k: (v, src, ("params", k)) for k, v in src.data["params"].items()}
+        t0 = time.perf_counter()
+        params = _eval_params(decls, {})
+        assert params["p0"] == n + 1
+        return time.perf_counter() - t0
+    small, big = timed(2000), timed(20000)
+    assert big < 2.0 and big / max(small, 1e-3) < 25, (small, big)
+
+
+def test_values_under_the_limits_still_work():
+    from planner.expr import budget, evaluate, parse
+    with budget():
+        assert evaluate(parse("+".join(["1"] * 150)), {}) == 150
+        assert len(evaluate(parse("range(1000000)"), {})) == 1_000_000
+        assert evaluate(parse("len(range(0, 10, -1))"), {}) == 0
+        assert evaluate(parse("len(range(10, 0, -3))"), {}) == len(range(10, 0, -3))
+        assert evaluate(parse("[[1, 2]][0][1]"), {}) == 2
