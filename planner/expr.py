@@ -175,6 +175,8 @@ def tokenize(text: str) -> list[Tok]:
     while i < len(text):
         m = _TOKEN.match(text, i)
         if not m:
+            if text[i] == "." and toks and toks[-1].kind == "num" and toks[-1].pos + len(toks[-1].text) == i:
+                raise ExprError("numbers in plans are integers (no fractions or exponents)", toks[-1].pos, "type")
             raise ExprError(f"unexpected character {text[i]!r}", i)
         kind = m.lastgroup
         if kind != "ws":

@@ -262,6 +262,9 @@ class Expander:
             if k not in allowed:
                 raise PlanError.at(src.loc(e.path + (k,)), "schema", f"unknown key '{k}' in a region",
                                    did_you_mean(k, allowed))
+        if "region" in it and not (isinstance(it["region"], str) and re.fullmatch(r"[\w{}.+\- ]+", it["region"])):
+            raise PlanError.at(src.loc(e.path + ("region",)), "schema",
+                               f"'region' must be a name (found {it['region']!r:.40})")
         rid = rid or scope.prefix + self.interp(str(it.get("region", f"region{len(self.regions)}")), e.env, src.loc(e.path))
         outputs = outputs if outputs is not None else self.defined(e)
         self.variants(it["variants"], e.env, e.path + ("variants",), src, scope, rid, outputs)
@@ -361,6 +364,8 @@ class Expander:
             return [scope.resolve(self.interp(x, env, loc)) for x in v]
         if fk == INT and isinstance(v, str):
             return self.int_value(v, env, loc)
+        if fk == INT and not (isinstance(v, int) and not isinstance(v, bool)):
+            raise PlanError.at(loc, "type", f"expected an integer (found {v!r:.40})")
         if fk == DL and isinstance(v, list):
             return [self.interp(x, env, loc) if isinstance(x, str) else x for x in v]
         return v

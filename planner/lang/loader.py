@@ -175,6 +175,8 @@ def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
         bad = set(spec) - {"range", "buckets", "doc"}
         if bad:
             raise PlanError.at(src.loc(path), "schema", f"unknown key '{sorted(bad)[0]}' in dim '{name}'")
+        if "doc" in spec and not isinstance(spec["doc"], str):
+            raise PlanError.at(src.loc(path + ("doc",)), "type", f"'doc' of dim '{name}' must be a string")
         rng = spec.get("range")
         loc = src.value_loc(path + (("range",) if isinstance(raw, dict) else ()))
         if not isinstance(rng, str) or ".." not in rng:
@@ -200,7 +202,8 @@ def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
                     buckets.append(b)
                 b *= 2
             buckets.append(hi)
-        elif not isinstance(buckets, list) or not all(isinstance(b, int) and lo <= b <= hi for b in buckets):
+        elif not isinstance(buckets, list) or not buckets or not all(
+                _is_int(b) and lo <= b <= hi for b in buckets):
             raise PlanError.at(src.loc(path + ("buckets",)), "param", f"buckets of '{name}' must be integers in {lo}..{hi}")
         out[name] = DimSpec(name, lo, hi, sorted(set(buckets)))
     return out
@@ -252,11 +255,21 @@ def _tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> Te
     else:
         raise PlanError.at(loc, "schema", f"tensor '{name}' must be '[d0, d1] dtype' or a mapping with shape and dtype")
     dtype = spec.get("dtype")
+    if not isinstance(dtype, str):
+        raise PlanError.at(loc, "type", f"tensor '{name}' needs a dtype name such as bf16 (found {dtype!r:.40})")
     dtype = DTYPE_ALIASES.get(dtype, dtype)
+    if not isinstance(spec.get("contiguous", True), bool):
+        raise PlanError.at(src.loc(path + ("contiguous",)), "type", f"'contiguous' of tensor '{name}' must be"
+                           f" true or false (found {spec['contiguous']!r:.40})")
+    if "doc" in spec and not isinstance(spec["doc"], str):
+        raise PlanError.at(src.loc(path + ("doc",)), "type", f"'doc' of tensor '{name}' must be a string")
     if dtype not in DTYPES:
         msg, hint = unknown_dtype(dtype)
         raise PlanError.at(loc, "type", f"tensor '{name}': {msg}", hint or None)
     shape = spec.get("shape")
+    if not isinstance(shape, (str, list)):
+        raise PlanError.at(vloc, "schema", f"shape of '{name}' must be a list like [num_tokens, hidden]"
+                           f" (found {shape!r:.40})")
     try:
         items = parse(shape).items if isinstance(shape, str) else [parse(str(x)) for x in shape]
     except (ExprError, AttributeError, TypeError) as e:
