@@ -82,7 +82,7 @@ def _check_weights(cp, weights, device):
 
 def build_executor(compiled, weights: dict, *, group=None, device=None, externs: dict | None = None,
                    backend_prefs=None, tuning: dict | str | None = None, trace: bool = False,
-                   agree: bool = True, prepack: bool = True) -> Executor:
+                   agree: bool = True, prepack: bool = True, check_memory: bool = True) -> Executor:
     """Lower `compiled` (planner.graph.Compiled) to an Executor.
 
     group: a torch.distributed process group for every plan group, or {plan group: pg};
@@ -101,6 +101,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
       the executor keeps only that tensor (ex.weight_layouts; ex.prepacked_bytes is {}).
     prepack: False keeps every weight row-major (the fused kernel then runs the non-swapped
       roles: 0.3-1.5 us slower per step on H200, run49). New weights: executors.weights.load_weights.
+    check_memory: refuse (BuildError) when the plan's peak activations at the dims' upper bounds do not
+      fit what the device has free (executors.resources.check_build).
     """
     cp = compiled
     plan = cp.plan
@@ -109,6 +111,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     verify(cp)  # nothing runs that the planner cannot prove ordered (raises planner.verify.VerifyError)
     device = _resolve_device(device, weights)
     _check_weights(cp, weights, device)
+    if check_memory:
+        from .resources import check_build
+        check_build(cp, device)
     # each weight in the layout its kernel reads; the executor keeps only these (executors.weights)
     weights = prepare_weights(cp, weights, device, backend_prefs, prepack)
     comms = bind_groups(plan.groups, group)

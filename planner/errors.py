@@ -29,6 +29,7 @@ CODES = {
     "variant": "variants are malformed (missing fallback, differing outputs, ...)",
     "stream": "a stream annotation is invalid",
     "io": "the plan file cannot be read",
+    "memory": "running the plan needs more memory than the device has free",
 }
 
 

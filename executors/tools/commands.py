@@ -128,11 +128,13 @@ def cmd_run(args) -> int:
         if size not in (1, world):
             raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
                                f" (set the plan's size with --set, e.g. --set tp_size={world})")
-    pick_dims(plan, args.num_tokens, args.seed)  # range errors exit 2 here, not inside a rank
+    bindings = pick_dims(plan, args.num_tokens, args.seed)  # range errors exit 2 here, not inside a rank
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
     # tuning-file errors (unknown key, a limit the plan does not declare) exit 2 here, naming the file
     cfg = config_from_args(argparse.Namespace(**ns), plan)
-    compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
+    cp = compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
+    from ..resources import check_run
+    check_run(cp, bindings, args.device, world, args.check)  # a 52 TB input exits 2 here, not in an allocator
     body = (args.plan, overrides, ns, args.device, args.check, args.num_tokens, args.seed)
     try:
         if world == 1 and not sizes:
