@@ -42,6 +42,8 @@ class Step:
 class Executor:
     """Callable: executor(**inputs, dims=None) -> {output name: tensor}."""
 
+    check_dims = False  # build_executor(check_dims=True) / PLANNER_AGREE_DIMS=1: ranks agree on each call's dims
+
     def __init__(self, cp, steps, gates, solver, comms, device, weights, tuned, events, exit_waits, trace):
         self.compiled = cp
         self.plan = cp.plan
@@ -146,6 +148,9 @@ class Executor:
         facts = _facts or self.facts(inputs, dims, env)
         facts.tensors = GateTensors(env, self._specs, facts.dims)
         b = facts.dims
+        if self.check_dims and not facts.capturing:
+            from .agreement import agree_on_dims
+            agree_on_dims(self.plan.name, b, self._comms)
         gates = self._gates
         chosen: dict[str, str] = {}
         cuda = self._cuda

@@ -82,7 +82,8 @@ def _check_weights(cp, weights, device):
 
 def build_executor(compiled, weights: dict, *, group=None, device=None, externs: dict | None = None,
                    backend_prefs=None, tuning: dict | str | None = None, trace: bool = False,
-                   agree: bool = True, prepack: bool = True, check_memory: bool = True) -> Executor:
+                   agree: bool = True, prepack: bool = True, check_memory: bool = True,
+                   check_dims: bool | None = None) -> Executor:
     """Lower `compiled` (planner.graph.Compiled) to an Executor.
 
     group: a torch.distributed process group for every plan group, or {plan group: pg};
@@ -103,6 +104,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
       roles: 0.3-1.5 us slower per step on H200, run49). New weights: executors.weights.load_weights.
     check_memory: refuse (BuildError) when the plan's peak activations at the dims' upper bounds do not
       fit what the device has free (executors.resources.check_build).
+    check_dims: before each call's collectives, all ranks agree on the call's dims (a debug switch;
+      None reads env PLANNER_AGREE_DIMS; never inside a graph capture; executors.agreement).
     """
     cp = compiled
     plan = cp.plan
@@ -158,6 +161,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     ex.prepacked_bytes = {}  # bytes kept beyond the weights: none (the prepared tensor is the only copy)
     ex.backends = {s.id: s.backend for s in steps}
     ex._op, ex._op_out, ex._op_spec = register_ops(ex)  # the torch.compile entry (executors.custom_op)
+    from .agreement import dims_check_enabled
+    ex.check_dims = has_coll and dims_check_enabled(check_dims)
     return ex
 
 

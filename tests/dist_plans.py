@@ -189,3 +189,38 @@ def wrong_group_size(rank, world):
     from planner.lang.loader import load_plan
     return run_check(lambda: load_plan(PLANS / "k3_sp_tail.yaml", {"tp_size": 2 * world, "hidden": 32}),
                      rank=rank, num_tokens=5, seed=1)
+
+
+def bad_input_on_one_rank(rank, world, bad_rank):
+    """Rank body: rank `bad_rank` raises (a bad input) before the plan's first collective; the others
+    enter the all_gather and would wait for it."""
+    from executors.tools.check import run_check
+    from planner.lang.loader import load_plan
+    if rank == bad_rank:
+        raise ValueError(f"input 'final' on rank {rank} has shape (3, 31) but the plan needs (3, 32)")
+    return run_check(lambda: load_plan(PLANS / "k3_sp_tail.yaml", {"tp_size": world, "hidden": 32}),
+                     rank=rank, num_tokens=5, seed=1)
+
+
+def hang_on_one_rank(rank, world, bad_rank):
+    """Rank body: rank `bad_rank` fails; rank 0 (if not bad) sleeps far past any grace instead of a collective."""
+    import time
+    if rank == bad_rank:
+        raise RuntimeError("the bad rank's own failure")
+    time.sleep(600)
+
+
+def dims_differ(rank, world, check_dims):
+    """Rank body: rank 1 is called with another num_tokens (its inputs agree with its own dims)."""
+    import torch
+
+    from executors.lowering import build_executor
+    from executors.tools.check import make_data
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    plan = load_plan(PLANS / "k3_sp_tail.yaml", {"tp_size": world, "hidden": 32})
+    n = 8 if rank == 0 else 12
+    inputs, weights = make_data(plan, {"num_tokens": n}, 1, rank, "cpu")
+    ex = build_executor(compile_plan(plan), weights, device="cpu", check_dims=check_dims)
+    out = ex(dims={"num_tokens": n}, **inputs)
+    return {k: tuple(v.shape) for k, v in out.items()} if isinstance(out, dict) else torch.Size()

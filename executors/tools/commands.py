@@ -143,12 +143,18 @@ def cmd_run(args) -> int:
             reports = run_ranks(_rank_body, world, *body, backend="nccl" if args.device == "cuda" else "gloo",
                                 timeout_s=args.timeout)
     except RankFailure as exc:
+        first = exc.first
         if args.emit == "json":
-            print(json.dumps({"ok": False, "errors": {str(r): {"type": t, "message": m}
-                                                      for r, (t, m) in exc.errors.items()}}, indent=2))
+            print(json.dumps({"ok": False, "first": None if first is None else
+                              {"rank": first[0], "type": first[1], "message": first[2]},
+                              "errors": {str(r): {"type": t, "message": m}
+                                         for r, (t, m) in exc.errors.items()}}, indent=2))
         else:
+            if first is not None:
+                print(f"rank {first[0]} failed first: {first[1]}: {first[2]}")
             for r, (t, m) in sorted(exc.errors.items()):
-                print(f"rank {r}: {t}: {m}")
+                if first is None or r != first[0]:
+                    print(f"rank {r}: {t}: {m}")
             print("result: FAILED")
         return 1
     ok = all(r["ok"] for r in reports) if args.check else True
