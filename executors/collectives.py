@@ -54,8 +54,10 @@ class Comm:
         return f"Comm({self.name}, size={self.size}, rank={self.rank})"
 
     def all_gather(self, x, dim: int, out=None):
+        # the planner declares a collective's result contiguous (a later view relies on it): a size-1
+        # group must not hand back a strided input as it is
         if self.size == 1:
-            return x if out is None else out.copy_(x)
+            return x.contiguous() if out is None else out.copy_(x)
         x = x.contiguous()
         d = dim % x.dim()
         if self.list_form:
@@ -77,19 +79,19 @@ class Comm:
 
     def reduce_scatter(self, x, dim: int, reduce: str, out=None):
         if self.size == 1:
-            return x if out is None else out.copy_(x)
+            return x.contiguous() if out is None else out.copy_(x)
         d = dim % x.dim()
         src = x.movedim(d, 0).contiguous() if d else x.contiguous()
         shape = list(src.shape)
         shape[0] //= self.size
         buf = src.new_empty(shape)
         _RS_TENSOR(buf, src, op=_REDUCE[reduce], group=self.pg)
-        r = buf.movedim(0, d) if d else buf
+        r = buf.movedim(0, d).contiguous() if d else buf
         return r if out is None else out.copy_(r)
 
     def all_reduce(self, x, reduce: str, out=None):
         if self.size == 1:
-            return x if out is None else out.copy_(x)
+            return x.contiguous() if out is None else out.copy_(x)
         y = out if out is not None and out.is_contiguous() else x.clone(memory_format=torch.contiguous_format)
         if y is out:
             y.copy_(x)

@@ -230,6 +230,12 @@ class Executor:
                 self._unrecorded("exit", e, chosen)
         if cuda:
             self._join(main, started, recorded)
+        if len(chosen) < len(gates):
+            # a region none of whose steps this path met (all pruned, or every op of it dead code)
+            # still reports the variant its gate picks
+            for r, g in gates.items():
+                if r not in chosen:
+                    chosen[r] = g.choose(facts)
         self.last_variants = chosen
         # keep no intermediate alive past the call: under a CUDA graph (cudagraph trees) every live
         # allocation of the pool must be an output

@@ -115,8 +115,10 @@ def run_ranks(fn, world_size: int, *args, backend: str = "gloo", timeout_s: floa
             p.kill()  # only the processes started here, by their pid
             p.join(5)
         if r not in results and r not in errors:
-            errors[r] = ("Timeout" if p.exitcode is None or p.exitcode < 0 else "Exited",
-                         f"no result within {timeout_s:.0f}s (exit code {p.exitcode})")
+            if p.exitcode is None or p.exitcode < 0:
+                errors[r] = ("Timeout", f"no result within {timeout_s:.0f}s (killed, exit code {p.exitcode})")
+            else:
+                errors[r] = ("Exited", f"the process exited with code {p.exitcode} before reporting a result")
     if errors:
         first = None
         if stamps:
