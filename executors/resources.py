@@ -88,7 +88,7 @@ def largest(cp, bindings: dict, names) -> tuple[str, int] | None:
 
 
 def check_run(cp, bindings: dict, device: str, world: int, check: bool):
-    """Raise a located PlanError (code 'memory') when `planner run` cannot fit on `device`.
+    """Raise a located PlanError (error[limit], budget device-memory) when `planner run` cannot fit on `device`.
 
     Per rank: inputs + weights + the compiled plan's peak activations, the reference's again with
     --check (it runs the unfused plan on the same inputs), and the fp32 staging of the largest random
@@ -124,7 +124,7 @@ def check_run(cp, bindings: dict, device: str, world: int, check: bool):
             loc = plan.locs.get(big[0])
             hint = (f"the largest is {spec.kind} '{big[0]}' {spec.dtype}{fmt_shape(spec.shape)} = {fmt_bytes(big[1])};"
                     " lower its params (--set) or --num-tokens")
-        raise PlanError.at(loc, "memory", msg, hint)
+        raise PlanError.at(loc, "limit", msg + " (budget 'device-memory')", hint)
     return need
 
 

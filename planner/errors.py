@@ -16,7 +16,7 @@ __all__ = ["Loc", "Diagnostic", "PlanError", "closest", "did_you_mean"]
 # error classes, documented in docs/plan-language.md#errors
 CODES = {
     "yaml": "the file is not valid YAML",
-    "limit": "the document is too large, too deep or uses aliases excessively",
+    "limit": "a budget is exceeded: the document is too large or too deep, asks for too much work, or a run needs more memory than the device has free",
     "schema": "a field is missing, unknown or of the wrong type",
     "expr": "an expression does not parse",
     "name": "a name is not defined",
@@ -29,7 +29,6 @@ CODES = {
     "variant": "variants are malformed (missing fallback, differing outputs, ...)",
     "stream": "a stream annotation is invalid",
     "io": "the plan file cannot be read",
-    "memory": "running the plan needs more memory than the device has free",
 }
 
 

@@ -263,5 +263,57 @@ HOSTILE = {f.__name__: f for f in [
 if __name__ == "__main__":  # write them all into a folder, e.g. to time them by hand
     out = Path(os.environ.get("OUT", "hostile_out"))
     out.mkdir(exist_ok=True)
-    for name, f in HOSTILE.items():
+    for f in HOSTILE.values():
         print(f(out))
+
+
+def chain_deep(d, n=60_000):
+    # one long dependency chain: any recursive walk over the graph would overflow
+    text = HEAD.replace("outputs: [x]", f"outputs: [t{n}]") + "ops:\n  - t0: copy(x)\n" + "".join(
+        f"  - t{i + 1}: copy(t{i})\n" for i in range(n))
+    return _write(d, "chain_deep", text)
+
+
+def many_variants(d, n=5000):
+    vs = "".join(f"      - name: v{i}\n        when: num_tokens == {i}\n        ops:\n          - y: copy(x)\n"
+                 for i in range(n))
+    text = HEAD.replace("outputs: [x]", "outputs: [y]") + (
+        "ops:\n  - region: r\n    outputs: [y]\n    variants:\n" + vs
+        + "      - name: last\n        ops:\n          - y: copy(x)\n")
+    return _write(d, "many_variants", text)
+
+
+def many_regions(d, n=3000):
+    body = "".join(f"  - region: r{i}\n    outputs: [y{i}]\n    variants:\n"
+                   f"      - name: a\n        when: num_tokens <= {i % 64}\n        ops:\n          - y{i}: copy(x)\n"
+                   f"      - name: b\n        ops:\n          - y{i}: copy(x)\n" for i in range(n))
+    return _write(d, "many_regions", HEAD + "ops:\n" + body)
+
+
+def many_buckets(d):
+    text = ("plan: hostile\ndims:\n  num_tokens: {range: '1..1000000', buckets: [" + ", ".join(
+        str(i) for i in range(1, 400_001)) + "]}\ninputs: {x: 'bf16[num_tokens, 8]'}\noutputs: [x]\nops:\n  - y: copy(x)\n")
+    return _write(d, "many_buckets", text)
+
+
+def huge_shape_literal(d):
+    text = ("plan: hostile\ndims: {num_tokens: 1..64}\ninputs: {x: 'bf16[num_tokens, 99999999999999999999999]'}\n"
+            "outputs: [x]\nops:\n  - y: copy(x)\n")
+    return _write(d, "huge_shape_literal", text)
+
+
+def for_nested_deep(d, n=30):
+    body = "ops:\n  - y: copy(x)\n"
+    inner = "ops: []"
+    for k in reversed(range(n)):
+        inner = f"- for: i{k} in range(2)\n  ops:\n" + "\n".join("    " + ln for ln in inner.split("\n"))
+    return _write(d, "for_nested_deep", HEAD + body + "\n".join("  " + ln for ln in inner.split("\n")) + "\n")
+
+
+def interp_heavy(d, n=20000):
+    body = "".join(f"  - y{{{i} + {i} * 2 - {i}}}: copy(x)\n" for i in range(n))
+    return _write(d, "interp_heavy", HEAD + "ops:\n" + body)
+
+
+HOSTILE.update({f.__name__: f for f in [chain_deep, many_variants, many_regions, many_buckets, huge_shape_literal,
+                                         for_nested_deep, interp_heavy]})

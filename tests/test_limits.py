@@ -57,9 +57,9 @@ def test_refusal_names_its_budget(case, tmp_path):
 def test_params_in_reverse_order_are_linear(tmp_path):
     import time
 
-    from tests.hostile_plans import params_reverse
     from planner.lang.loader import _eval_params
     from planner.lang.yamlsrc import load_yaml
+    from tests.hostile_plans import params_reverse
 
     def timed(n):
         src = load_yaml(params_reverse(tmp_path, n))

@@ -44,8 +44,8 @@ def test_run_refuses_what_cannot_fit(tmp_path, text, what):
     p.write_text(text)
     out = run_planner(["run", str(p), "--check", "--world-size", "1"], timeout_s=60, mem_mb=4096)
     assert out.rc == 2 and "Traceback" not in out.stderr, out.describe()
-    assert "error[memory]" in out.stderr and "free" in out.stderr and what in out.stderr, out.describe()
-    assert "p.yaml:" in out.stderr.split("error[memory]")[0], out.describe()  # located at the declaration
+    assert "error[limit]" in out.stderr and "free" in out.stderr and what in out.stderr, out.describe()
+    assert "p.yaml:" in out.stderr.split("error[limit]")[0], out.describe()  # located at the declaration
 
 
 def test_need_bytes_counts_inputs_weights_and_activations(tmp_path):

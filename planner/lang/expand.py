@@ -13,7 +13,19 @@ from collections import ChainMap
 from dataclasses import dataclass, field
 
 from ..errors import Loc, PlanError, did_you_mean
-from ..expr import Call, ExprError, Index, ListE, Name, Num, Slice, current_budget, evaluate, parse, unparse
+from ..expr import (
+    Call,
+    ExprError,
+    Index,
+    ListE,
+    Name,
+    Num,
+    Slice,
+    current_budget,
+    evaluate,
+    parse,
+    unparse,
+)
 from ..ops import OP_MODELS, USER_OPS
 from .yamlsrc import Source
 
@@ -23,6 +35,8 @@ RESERVED = {"for", "ops", "op", "region", "variants", "outputs", "when", "name"}
 # budgets of the expansion (docs/plan-language.md#limits): 120,000 ops load in about 3 s
 MAX_OPS = 120_000
 MAX_BLOCK_DEPTH = 16
+MAX_VARIANTS = 64         # per region: gates are tried in order at every call
+MAX_REGIONS = 20_000
 
 T, TL, S, INT, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
 DLL, SL, B = "dim lists", "symbols", "bool"
@@ -89,6 +103,27 @@ class Scope:
             out |= set(s.names)
             s = s.parent
         return out
+
+
+class ScopeView:
+    """Read-only mapping of the names visible in a scope (and its parents) to their actual names."""
+
+    def __init__(self, scope: Scope):
+        self.scope = scope
+
+    def __contains__(self, n) -> bool:
+        s = self.scope
+        while s is not None:
+            if n in s.names:
+                return True
+            s = s.parent
+        return False
+
+    def get(self, n, default=None):
+        return self.scope.resolve(n) if n in self else default
+
+    def __iter__(self):
+        return iter(self.scope.visible())
 
 
 @dataclass
@@ -302,7 +337,12 @@ class Expander:
                                    "add a variant without 'when' at the end")
             meta.append((name, None if when is None else str(when).lower() if isinstance(when, bool) else when,
                          src.value_loc(vp + ("when",)), src.loc(vp)))
-        visible = {n: scope.resolve(n) for n in scope.visible()}
+        if len(vlist) > MAX_VARIANTS:
+            raise PlanError.at(loc, "limit", f"region '{rid}' has {len(vlist):,} variants; the limit is {MAX_VARIANTS}"
+                               " (budget 'variants')")
+        if len(self.regions) >= MAX_REGIONS:
+            raise PlanError.at(loc, "limit", f"the plan has more than {MAX_REGIONS:,} regions (budget 'regions')")
+        visible = ScopeView(scope)  # resolved on use: a snapshot per region made many regions quadratic
         self.regions.append(RegionRaw(rid, meta, [scope.resolve(n) if n in scope.names else n for n in outputs], loc,
                                       visible))
         choices = {n: [] for n in outputs}

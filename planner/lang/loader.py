@@ -417,6 +417,19 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     )
 
 
+class _Union:
+    """Names of `a` or `b` (membership without building the union; iteration only for a hint)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __contains__(self, n) -> bool:
+        return n in self.a or n in self.b
+
+    def __iter__(self):
+        return iter(set(self.a) | set(self.b))
+
+
 def _region_entry(root, src, params, outputs):
     from .expand import Entry
     if not outputs:
@@ -426,17 +439,16 @@ def _region_entry(root, src, params, outputs):
 
 def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[str, Region]:
     out = {}
-    by_region: dict = {}  # region id -> its ops, in plan order (one pass, not one per region)
+    by_region: dict[str, list] = {}  # region -> its member ops, in one pass over the ops
     for o in ops:
-        for rid in dict.fromkeys(g[0] for g in op_ctx[o.id]):
+        for rid in {g[0] for g in op_ctx[o.id]}:
             by_region.setdefault(rid, []).append(o)
-    names = set(tensors)
     for r in ex.regions:
         variants = []
         members = by_region.get(r.id, [])
         has_coll = {v: any(o.op in COLLECTIVES and (r.id, v) in op_ctx[o.id] for o in members)
                     for v, *_ in r.variants}
-        visible = names | set(r.names)
+        visible = _Union(tensors, r.names)
         for name, when_src, wloc, vloc in r.variants:
             if when_src is None:
                 variants.append(Variant(name, None, None, vloc))
