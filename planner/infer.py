@@ -8,7 +8,7 @@ outputs through InferCtx.
 from __future__ import annotations
 
 from .errors import Loc, PlanError, did_you_mean
-from .expr import ExprError, eval_int, fold, free_names, parse
+from .expr import MAX_AST_DEPTH, ExprError, depth, eval_int, fold, free_names, parse
 from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec, unknown_dtype
 
 __all__ = ["InferCtx", "infer_all", "topo_order"]
@@ -155,7 +155,16 @@ def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
             key = f.field[0] if isinstance(f.field, tuple) else f.field
             loc = field_locs.get(op.id, {}).get(key) or locs.get(op.id)
             raise PlanError.at(loc, f.code, f"{op.op} '{op.id}': {f.message}") from None
+        except ExprError as e:  # a budget of the expression language (evaluation steps)
+            raise PlanError.at(locs.get(op.id), e.code, f"{op.op} '{op.id}': {e.message}") from None
         for s in specs:
+            # symbolic dims grow with every pad/cat/slice of a dynamic dim: bound their depth here so
+            # that no later walk over them can recurse without limit
+            for d in s.shape:
+                if not isinstance(d, int) and depth(d, MAX_AST_DEPTH + 1) > MAX_AST_DEPTH:
+                    raise PlanError.at(locs.get(op.id), "limit", f"{op.op} '{op.id}': a dim of '{s.name}' is an"
+                                       f" expression more than {MAX_AST_DEPTH} levels deep (budget 'expr-depth');"
+                                       " a long chain of pad/cat/slice over a dynamic dim")
             if s.name in tensors:
                 raise PlanError.at(locs.get(op.id), "dup", f"tensor '{s.name}' is defined twice")
             s.producer = op.id

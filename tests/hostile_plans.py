@@ -267,7 +267,7 @@ if __name__ == "__main__":  # write them all into a folder, e.g. to time them by
         print(f(out))
 
 
-def chain_deep(d, n=60_000):
+def chain_deep(d, n=30_000):
     # one long dependency chain: any recursive walk over the graph would overflow
     text = HEAD.replace("outputs: [x]", f"outputs: [t{n}]") + "ops:\n  - t0: copy(x)\n" + "".join(
         f"  - t{i + 1}: copy(t{i})\n" for i in range(n))
@@ -317,3 +317,25 @@ def interp_heavy(d, n=20000):
 
 HOSTILE.update({f.__name__: f for f in [chain_deep, many_variants, many_regions, many_buckets, huge_shape_literal,
                                          for_nested_deep, interp_heavy]})
+
+
+def _dim_chain(d, name, line, lo=1, n=1500):
+    head = f"plan: hostile\ndims: {{num_tokens: {lo}..{lo + 1000}}}\ninputs: {{x: 'bf16[num_tokens, 8]'}}\n"
+    text = head + f"outputs: [t{n}]\nops:\n  - t0: copy(x)\n" + "".join(line(i) for i in range(n))
+    return _write(d, name, text)
+
+
+def pad_chain(d):
+    # every pad wraps the dynamic dim in another round_up(...): symbolic dims grow without limit
+    return _dim_chain(d, "pad_chain", lambda i: f"  - t{i + 1}: pad(t{i}, {2 + i % 7}, 0)\n")
+
+
+def slice_chain(d):
+    return _dim_chain(d, "slice_chain", lambda i: f"  - t{i + 1}: t{i}[1:]\n", lo=5000)
+
+
+def cat_chain(d):
+    return _dim_chain(d, "cat_chain", lambda i: f"  - t{i + 1}: cat(t{i}, x, dim=0)\n")
+
+
+HOSTILE.update({f.__name__: f for f in [pad_chain, slice_chain, cat_chain]})

@@ -24,9 +24,10 @@ class Outcome:
     stderr: str
     wall_s: float
     max_rss_mb: float
+    cpu_s: float = 0.0      # user + system time of the child: what the work costs on a shared machine
 
     def describe(self) -> str:
-        return (f"rc={self.rc} wall={self.wall_s:.2f}s rss={self.max_rss_mb:.0f}MB\n"
+        return (f"rc={self.rc} wall={self.wall_s:.2f}s cpu={self.cpu_s:.2f}s rss={self.max_rss_mb:.0f}MB\n"
                 f"stdout: {self.stdout[-600:]}\nstderr: {self.stderr[-1500:]}")
 
 
@@ -49,8 +50,8 @@ def run_planner(args: list[str], timeout_s: float = 10.0, mem_mb: int = 1024, cw
             out, err = p.communicate()
             return Outcome(None, out, err, time.monotonic() - t0, 0.0)
         wall = time.monotonic() - t0
-        rss = float(rss_file.read_text()) / 1024 if rss_file.exists() else 0.0
-    return Outcome(p.returncode, out, err, wall, rss)
+        rss_kib, cpu = (rss_file.read_text().split() if rss_file.exists() else ("0", "0"))
+    return Outcome(p.returncode, out, err, wall, float(rss_kib) / 1024, float(cpu))
 
 
 # `python -m planner` that writes its own peak RSS (KiB) on the way out
@@ -61,5 +62,6 @@ try:
     runpy.run_module("planner", run_name="__main__", alter_sys=True)
 finally:
     with open(os.environ["_RSS_FILE"], "w") as f:
-        f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        f.write(f"{u.ru_maxrss} {u.ru_utime + u.ru_stime}")
 """

@@ -320,8 +320,10 @@ def load_plan(path: str | Path, overrides: dict | None = None, text: str | None 
     with no_gc(), budget():  # one evaluation-step budget for the whole load
         try:
             return _load_plan(path, overrides or {}, text)
-        except RecursionError:  # a last guard: every recursive walk is bounded by a budget before this
+        except RecursionError:  # last guards: every recursive walk and evaluation is bounded before these
             raise PlanError.at(Loc(str(path)), "limit", "the plan nests too deeply to check") from None
+        except ExprError as e:
+            raise PlanError.at(Loc(str(path)), e.code, e.message, e.hint) from None
 
 
 def _load_plan(path, overrides: dict, text: str | None) -> Plan:
