@@ -374,8 +374,8 @@ def _parse(text: str) -> Expr:
     t = p.peek()
     if t.kind != "end":
         raise ExprError(f"unexpected {t.text!r} after the end of the expression", t.pos)
-    h = depth(e, MAX_AST_DEPTH + 1)
-    if h > MAX_AST_DEPTH:
+    # a tree is never taller than its token count: most expressions need no walk
+    if len(p.toks) > MAX_AST_DEPTH and depth(e, MAX_AST_DEPTH + 1) > MAX_AST_DEPTH:
         raise ExprError(f"expression is more than {MAX_AST_DEPTH} levels deep (budget 'expr-depth'); a chain of"
                         " that many operators or subscripts: split it over several params", e.pos, "limit")
     return e
@@ -604,7 +604,15 @@ def evaluate(e: Expr, env: dict):
     Iterative (an explicit stack, no Python recursion), so a chain of any depth evaluates; every node,
     list item and comprehension step is charged to the current Budget (see `budget()`).
     """
-    bud = _CURRENT.get() or Budget()
+    bud = _CURRENT.get()
+    try:  # shallow integer arithmetic (shapes, dims at run time) takes the short path
+        v = _fast(e, env, 0, bud or _RUNTIME)
+        if bud is not None and bud.left < 0:
+            bud.spend(0, e.pos)
+        return v
+    except _Slow:
+        pass
+    bud = bud or Budget()
     # work items: (node, env) to evaluate, or (callable, ...) continuations that pop from `vals`
     vals: list = []
     work: list = [(_EVAL, e, env)]
@@ -738,6 +746,59 @@ def evaluate(e: Expr, env: dict):
                 work.append((_COMP, x, en, seq, k | _TAKE, out))
                 work.append((_EVAL, x.cond, inner))
     return vals[-1]
+
+
+class _Slow(Exception):
+    """The tree is deep or not plain integer arithmetic: evaluate() takes the work-stack path."""
+
+
+_FAST_DEPTH = 24
+_FAST_ARITH = {"+", "-", "*", "//", "%", "/"}
+_FAST_CALLS = {"ceil_div", "round_up", "min", "max"}
+
+
+def _fast(x, env, d: int, bud: Budget):
+    # recursion bounded by _FAST_DEPTH; anything else raises _Slow (the iterative path then gives the
+    # same value or the same error)
+    if d > _FAST_DEPTH:
+        raise _Slow
+    bud.left -= 1
+    t = type(x)
+    if t is Num:
+        v = x.value
+    elif t is Name:
+        v = env.get(x.id, _Slow) if type(env) is dict else _Slow
+        if type(v) is not int:
+            raise _Slow
+        return v
+    elif t is Bin and x.op in _FAST_ARITH:
+        a = _fast(x.l, env, d + 1, bud)
+        b = _fast(x.r, env, d + 1, bud)
+        op = x.op
+        if op == "+":
+            v = a + b
+        elif op == "-":
+            v = a - b
+        else:
+            v = _arith(op, a, b, x.pos)
+    elif t is Call and x.fn in _FAST_CALLS and not x.kwargs:
+        args = [_fast(a, env, d + 1, bud) for a in x.args]
+        fn = x.fn
+        if fn in ("ceil_div", "round_up") and len(args) == 2 and args[1] != 0:
+            q = -(-args[0] // args[1])
+            v = q if fn == "ceil_div" else q * args[1]
+        elif fn in ("min", "max") and args:
+            v = min(args) if fn == "min" else max(args)
+        else:
+            raise _Slow
+    else:
+        raise _Slow
+    if not -MAX_INT <= v <= MAX_INT:
+        raise _Slow  # the iterative path reports the overflow
+    return v
+
+
+_RUNTIME = Budget(2**62)  # the short path outside a load (run-time shapes): counted, never exhausted
 
 
 # continuation tags of evaluate()'s work stack

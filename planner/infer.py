@@ -8,7 +8,7 @@ outputs through InferCtx.
 from __future__ import annotations
 
 from .errors import Loc, PlanError, did_you_mean
-from .expr import MAX_AST_DEPTH, ExprError, depth, eval_int, fold, free_names, parse
+from .expr import MAX_AST_DEPTH, ExprError, Name, depth, eval_int, fold, free_names, parse
 from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec, unknown_dtype
 
 __all__ = ["InferCtx", "infer_all", "topo_order"]
@@ -161,7 +161,7 @@ def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
             # symbolic dims grow with every pad/cat/slice of a dynamic dim: bound their depth here so
             # that no later walk over them can recurse without limit
             for d in s.shape:
-                if not isinstance(d, int) and depth(d, MAX_AST_DEPTH + 1) > MAX_AST_DEPTH:
+                if not isinstance(d, (int, Name)) and depth(d, MAX_AST_DEPTH + 1) > MAX_AST_DEPTH:
                     raise PlanError.at(locs.get(op.id), "limit", f"{op.op} '{op.id}': a dim of '{s.name}' is an"
                                        f" expression more than {MAX_AST_DEPTH} levels deep (budget 'expr-depth');"
                                        " a long chain of pad/cat/slice over a dynamic dim")
