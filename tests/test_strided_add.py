@@ -203,8 +203,8 @@ def test_gpu_graph_capture_side_stream():
 def test_gpu_backend_runner_and_fallback():
     import torch
 
-    from executors.backends.add import _cute_add
     from executors.backends import lookup
+    from executors.backends.add import _cute_add
     from planner.shapes import TensorSpec
 
     op = SimpleNamespace(id="s0", op="add", a="h", b="r", backend="auto")
