@@ -208,8 +208,12 @@ class CostModel:
             if _numel(ins[0], bindings) == 0:
                 return 0.0
             return p.kernel_us + (read + written) / (p.hbm_gbps * 1e3)
-        if k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+        if k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_reduce_add_rmsnorm"):
             w = self.groups.get(op.group, 1)
+            if k == "all_reduce_add_rmsnorm":  # the all-reduce with the norm's one pass folded in
+                norm = (3 * nbytes(ins[0]) + sum(nbytes(s) for s in outs)) / (p.hbm_gbps * 1e3)
+                return norm + (p.kernel_us if w <= 1 else
+                               p.coll_latency_us + 2 * nbytes(ins[0]) * (w - 1) / w / (p.coll_gbps * 1e3))
             if w <= 1:
                 return p.kernel_us
             if k == "all_to_all":  # every chunk but our own crosses the fabric

@@ -12,15 +12,24 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .expr import Bin, Call, Num
-from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim
+from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim, same_shape
 from .opbase import lift as _lift
 from .opbase import norm_dim as _norm_dim
 from .opbase import out_spec as _out
 from .ops_fp8 import Quantize, check_scales
-from .ops_pointwise import AddRmsNorm, GeluAndMul, Mul, RmsNorm, Rope, SiluAndMul
+from .ops_pointwise import (
+    FLOAT_DTYPES,
+    AddRmsNorm,
+    GeluAndMul,
+    Mul,
+    RmsNorm,
+    Rope,
+    SiluAndMul,
+    _norm_weight,
+)
 from .shapes import DTYPES, FP8_DTYPES, TensorSpec, fmt_dim, fmt_shape
 
-__all__ = ["OpBase", "Op", "OP_KINDS", "COLLECTIVES", "VIEW_OPS", "ARITH_OPS"]
+__all__ = ["OpBase", "Op", "OP_KINDS", "COLLECTIVES", "PACKABLE_COLLECTIVES", "VIEW_OPS", "ARITH_OPS"]
 
 Reduce = Literal["sum", "avg", "max", "min"]
 
@@ -133,6 +142,54 @@ class AllToAll(OpBase):
                          f" {c.dtype}{fmt_shape(c.shape)}", "counts")
             outs.append(_out(self, ctx, c.shape, c.dtype, 1))
         return outs
+
+
+class AllReduceAddRmsNorm(OpBase):
+    """normed, residual_out = all_reduce_add_rmsnorm(x, residual, w, group): all_reduce(x, group)
+    (sum) then add_rmsnorm(., residual, w, eps), as one op. Made by the fuse-allreduce-norm pass
+    (which lists the two ops it replaced in `fused_from`); lowered to FlashInfer's fused
+    all-reduce + residual + RMSNorm kernel where capability and the tuned size limits allow, to
+    the all_reduce and a separate add_rmsnorm otherwise. With `inplace: true` residual_out
+    overwrites residual (normed is always a new tensor: the reduced sum is never materialized)."""
+    op: Literal["all_reduce_add_rmsnorm"]
+    x: str
+    residual: str
+    w: str
+    group: str
+    eps: float = 1e-6
+    inplace: bool = Field(False, description="Write residual_out over residual.")
+    backend: Literal["auto", "torch", "flashinfer"] = Field(
+        "auto", description="torch: the collective then the torch norm; flashinfer: the fused kernel where it fits.")
+    fused_from: list[str] = Field(default_factory=list, description="Set by fuse-allreduce-norm.")
+
+    def inputs(self):
+        return [self.x, self.residual, self.w]
+
+    def n_outputs(self):
+        return 2
+
+    def infer(self, ctx):
+        check_outs(self, ctx, 2)
+        x, r, w = ctx.tensor(self.x, "x"), ctx.tensor(self.residual, "residual"), ctx.tensor(self.w, "w")
+        ctx.group(self.group, "group")
+        if x.dtype not in FLOAT_DTYPES:
+            ctx.fail(f"needs a bf16, fp16 or fp32 input; '{x.name}' is {x.dtype}", "x")
+        if not same_shape(ctx, x, r):
+            ctx.fail(f"shape mismatch: '{self.x}' is {fmt_shape(x.shape)} but '{self.residual}' is"
+                     f" {fmt_shape(r.shape)}", "residual")
+        if r.dtype != x.dtype:
+            ctx.fail(f"dtype mismatch: '{self.x}' is {x.dtype} but '{self.residual}' is {r.dtype}", "residual")
+        _norm_weight(ctx, x, w)
+        alias = {}
+        if self.inplace:
+            if r.producer is None:
+                ctx.fail(f"inplace: '{self.residual}' is a plan {r.kind}; only values the plan makes can be"
+                         " overwritten", "residual")
+            if (r.alias_of is not None and not r.meta.get("inplace")) or not r.contiguous:
+                ctx.fail(f"inplace: '{self.residual}' is a view of '{r.alias_of}'; writing it would change that"
+                         " tensor too", "residual")
+            alias = {"alias_of": self.residual, "meta": {"inplace": True}}
+        return [_out(self, ctx, x.shape, x.dtype, 0), _out(self, ctx, x.shape, x.dtype, 1, **alias)]
 
 
 # ---------------------------------------------------------------- compute
@@ -487,18 +544,23 @@ class Select(OpBase):
 
 
 Op = Annotated[
-    AllGather | ReduceScatter | AllReduce | AllToAll | Gemm | GemmChain | Add | Extern | Split | Cat | Slice | Pad
-    | Shard | Copy | View | Select | RmsNorm | AddRmsNorm | SiluAndMul | GeluAndMul | Mul | Rope | Quantize,
+    AllGather | ReduceScatter | AllReduce | AllToAll | AllReduceAddRmsNorm | Gemm | GemmChain | Add | Extern | Split
+    | Cat | Slice | Pad | Shard | Copy | View | Select | RmsNorm | AddRmsNorm | SiluAndMul | GeluAndMul | Mul | Rope
+    | Quantize,
     Field(discriminator="op"),
 ]
 OP_MODELS = {m.model_fields["op"].annotation.__args__[0]: m for m in
-             (AllGather, ReduceScatter, AllReduce, AllToAll, Gemm, GemmChain, Add, Extern, Split, Cat, Slice, Pad,
-              Shard, Copy, View, Select, RmsNorm, AddRmsNorm, SiluAndMul, GeluAndMul, Mul, Rope, Quantize)}
+             (AllGather, ReduceScatter, AllReduce, AllToAll, AllReduceAddRmsNorm, Gemm, GemmChain, Add, Extern, Split,
+              Cat, Slice, Pad, Shard, Copy, View, Select, RmsNorm, AddRmsNorm, SiluAndMul, GeluAndMul, Mul, Rope, Quantize)}
 OP_KINDS = sorted(OP_MODELS)
 USER_OPS = [k for k in OP_KINDS if k not in ("select", "gemm_chain")]  # those two are made by the planner
-COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}
+COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_reduce_add_rmsnorm"}
+# collectives fuse-collectives packs into buckets (all_to_all: per-peer chunks would interleave;
+# the fused all-reduce + norm is one kernel with its own inputs)
+PACKABLE_COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce"}
 VIEW_OPS = {"split", "slice", "view", "select"}
 # ops whose results are computed (compared with a tolerance by `planner run --check`)
-ARITH_OPS = {"gemm", "gemm_chain", "add", "reduce_scatter", "all_reduce", "rmsnorm", "add_rmsnorm", "silu_and_mul",
+ARITH_OPS = {"gemm", "gemm_chain", "add", "reduce_scatter", "all_reduce", "all_reduce_add_rmsnorm", "rmsnorm",
+             "add_rmsnorm", "silu_and_mul",
              "gelu_and_mul", "mul", "rope", "quantize"}
 ELEMENT_BYTES = DTYPES

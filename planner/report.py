@@ -18,6 +18,7 @@ from .analysis import allowed_buckets, op_costs, simulate, variant_choice
 from .cost import CostModel
 from .graph import Compiled
 from .shapes import fmt_dim, fmt_shape
+from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
 
 __all__ = ["to_json", "to_text", "critical_paths"]
 
@@ -105,6 +106,7 @@ def to_json(cp: Compiled, cfg) -> dict:
         "events": {k: cp.events[k] for k in sorted(cp.events)},
         "exit_waits": list(cp.exit_waits),
         "fusion": cp.report.get("fuse-collectives"),
+        "allreduce_norm_fusion": cp.report.get("fuse-allreduce-norm"),
         "dce": cp.report.get("dce"),
         "stream_decisions": cp.report.get("assign-streams"),
         "critical_path": critical_paths(cp, cfg) if cp.schedule else [],
@@ -199,7 +201,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if fus == "disabled":
         L.append(st.bold("Collective fusion") + ": disabled")
     elif isinstance(fus, dict) and not fus["before"]:
-        L.append(st.bold("Collective fusion") + ": the plan has no collectives")
+        L.append(st.bold("Collective fusion") + ": no all_gather, reduce_scatter, all_reduce or all_to_all left to pack")
     elif isinstance(fus, dict):
         L.append(st.bold("Collective fusion") + f": {fus['before']} collectives -> {fus['after']}")
         for b in fus["buckets"]:
@@ -212,6 +214,11 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
             L.append(st.yellow(f"  not fused: {nf['ops'][0]} + {nf['ops'][1]}: {nf['reason']}"))
         if len(fus["not_fused"]) > 10:
             L.append(f"  ... {len(fus['not_fused']) - 10} more near misses (see --emit json)")
+
+    arn = describe_allreduce_norm(cp.report.get("fuse-allreduce-norm"), st)
+    if arn:
+        L.append("")
+        L += arn
 
     L.append("")
     L.append(st.bold("Streams") + f": {', '.join(cp.streams)}"

@@ -1,6 +1,6 @@
 """Planner passes. Each is fn(compiled, config) -> (compiled, changed), in its own module."""
 
-from . import assign_streams, dce, events, fuse_collectives, fuse_gemm_chains, memory
+from . import assign_streams, dce, events, fuse_allreduce_norm, fuse_collectives, fuse_gemm_chains, memory
 
 __all__ = ["PIPELINE", "PASS_NAMES"]
 
@@ -8,6 +8,7 @@ __all__ = ["PIPELINE", "PASS_NAMES"]
 PIPELINE = [
     (dce.NAME, dce.run),
     (fuse_gemm_chains.NAME, fuse_gemm_chains.run),
+    (fuse_allreduce_norm.NAME, fuse_allreduce_norm.run),
     (fuse_collectives.NAME, fuse_collectives.run),
     (assign_streams.NAME, assign_streams.run),
     (events.SCHEDULE, events.schedule),

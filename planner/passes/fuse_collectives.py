@@ -27,12 +27,12 @@ from ..cost import CostModel
 from ..expr import Bin, Num, unparse
 from ..graph import Compiled, rebuild_edges
 from ..infer import InferCtx
-from ..ops import COLLECTIVES, Cat, Split
+from ..ops import PACKABLE_COLLECTIVES, Cat, Split
 from ..shapes import DTYPES
 
 NAME = "fuse-collectives"
 INPLACE_WRITERS = {"gemm", "add", "copy"}
-FUSABLE = COLLECTIVES - {"all_to_all"}
+FUSABLE = PACKABLE_COLLECTIVES
 # tensor-sized passes an elementwise producer makes (add: read a, read b, write out); a GEMM
 # writes its tiles with a row stride at no extra cost, an elementwise kernel into a strided
 # slot does not vectorize (profile.strided_write_factor)
