@@ -11,9 +11,11 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
+from planner.ops import COLLECTIVES
 from planner.verify import verify
 
 from .backends import lookup
+from .backends.allreduce_norm import tuned_allreduce_norm
 from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_description
 from .custom_op import register_ops
 from .dims import DimSolver, dim_fn
@@ -121,7 +123,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     weights = prepare_weights(cp, weights, device, backend_prefs, prepack)
     comms = bind_groups(plan.groups, group)
     g = cp.graph
-    has_coll = any(g.nodes[v]["op"].op in ("all_gather", "reduce_scatter", "all_reduce") for v in cp.schedule)
+    has_coll = any(g.nodes[v]["op"].op in COLLECTIVES for v in cp.schedule)
     # the tuning in effect is resolved first so the agreement covers it; a tuning error is raised
     # after the agreement, so a rank that fails alone is named there instead of leaving the others waiting
     try:
@@ -217,6 +219,8 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
                 got = tuned_keyed(op, specs, bctx.params, bctx.dims, keyed, st.run, bctx)
                 if got is None and op.op == "gemm":
                     got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run)
+                if got is None and op.op == "all_reduce_add_rmsnorm":  # the tuned fused-kernel limit
+                    got = tuned_allreduce_norm(op, bctx, tuning or {})
                 if got is not None:
                     st.run, st.backend = got
         # streams that read what this op makes (through views too) + main, for record_stream

@@ -17,8 +17,8 @@ import sys
 from .analysis import allowed_buckets, op_costs, simulate, variant_choice
 from .cost import CostModel
 from .graph import Compiled
-from .shapes import fmt_dim, fmt_shape
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
+from .shapes import fmt_dim, fmt_shape
 
 __all__ = ["to_json", "to_text", "critical_paths"]
 

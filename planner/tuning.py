@@ -7,7 +7,13 @@
      "measured": {op signature: us of the chosen backend},
      "variants": {region: {bucket: {variant: us}}},
      "candidates": {op signature: {candidate label: us}}   (optional, for the record),
-     "refinements": [what the tuner tried per bucket]      (optional, for the record)}
+     "refinements": [what the tuner tried per bucket]      (optional, for the record),
+     "fusion":   {fusion_key: {"max_tokens": int, "max_bytes": int}}   (optional)}
+
+"fusion" gates FlashInfer's fused all-reduce + residual + RMSNorm kernel per dtype, hidden
+size and group size ("all_reduce_add_rmsnorm:bf16:N=7168,W=8"): calls of at most max_tokens
+rows and max_bytes of input take it, larger ones the all_reduce and a separate norm
+(scripts/bench_allreduce_norm.py measures it; `planner tune` runs in one process).
 
 Validation is strict: an unknown key is an error naming the file and the key (a flat
 {"limit": N} file is refused, not ignored), and check_limits refuses a limit the plan does
@@ -31,17 +37,23 @@ from pathlib import Path
 from .cost import TUNABLE_KINDS, split_signature
 from .errors import PlanError
 
-__all__ = ["FORMAT_KEYS", "ALL_KEYS", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
+__all__ = ["FORMAT_KEYS", "ALL_KEYS", "fusion_key", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
            "read_tuning", "check_limits", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
 
 FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
-ALL_KEYS = FORMAT_KEYS + ("cc", "versions", "candidates", "refinements")
+ALL_KEYS = FORMAT_KEYS + ("cc", "versions", "candidates", "refinements", "fusion")
+_FUSION_KEY = re.compile(r"^all_reduce_add_rmsnorm:(bf16|fp16):N=\d+,W=\d+$")
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 DEFAULT_DEVICE = "NVIDIA H200"  # the device of the default profile (planner.cost.DeviceProfile)
 _SIG = re.compile(r"^gemm:(?P<dtype>\w+):M=(?P<m>\d+),N=(?P<n>\d+),K=(?P<k>\d+)$")
 
 
 # ------------------------------------------------------------------ the file format
+
+def fusion_key(dtype: str, hidden, world: int) -> str:
+    """The "fusion" entry's key for an all_reduce_add_rmsnorm of this dtype, hidden size and group size."""
+    return f"all_reduce_add_rmsnorm:{dtype}:N={hidden},W={world}"
+
 
 def new_tuning(device: str = "cpu", torch_version: str = "", date: str | None = None) -> dict:
     return {"device": device, "date": date or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -56,7 +68,7 @@ def validate_tuning(data, where: str = "tuning") -> dict:
         if k not in ALL_KEYS:
             hint = " (tuned limits go under \"limits\")" if isinstance(data[k], int) else ""
             raise ValueError(f"{where}: unknown key '{k}'{hint}; a tuning file has {', '.join(ALL_KEYS)}")
-    for k in ("limits", "backends", "measured", "variants", "candidates", "versions"):
+    for k in ("limits", "backends", "measured", "variants", "candidates", "versions", "fusion"):
         if k in data and not isinstance(data[k], dict):
             raise ValueError(f"{where}: '{k}' must be an object")
     for k in ("device", "date", "torch"):
@@ -88,6 +100,14 @@ def validate_tuning(data, where: str = "tuning") -> dict:
                                                                                 is None and ",sa=" not in sig[3]):
             raise ValueError(f"{where}: backends key '{k}' is not an op signature like 'gemm:bf16:M=8,N=6144,K=7168'"
                              f" or 'rmsnorm:bf16:M=16,N=7168'")
+    for k, v in data.get("fusion", {}).items():
+        if not _FUSION_KEY.match(k):
+            raise ValueError(f"{where}: fusion key '{k}' must look like all_reduce_add_rmsnorm:bf16:N=7168,W=8")
+        if not isinstance(v, dict) or set(v) - {"max_tokens", "max_bytes"} or "max_tokens" not in v:
+            raise ValueError(f"{where}: fusion['{k}'] must be {{\"max_tokens\": int, \"max_bytes\": int}}")
+        for f, n in v.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{where}: fusion['{k}'].{f} must be a non-negative integer, got {n!r}")
     return data
 
 

@@ -10,6 +10,8 @@ imports a GPU library until a capability check or a run needs it.
   flashinfer_ops  FlashInfer norms, activations, rope and per-token-group fp8 quantize
   add        the CuTe DSL strided add (writes into packed slots)
   p2p        the symmetric-memory all-gather for CUDA graphs
+  allreduce_norm  all_reduce_add_rmsnorm: the collective then the torch norm, or FlashInfer's fused
+             all-reduce + residual + RMSNorm kernel within the tuned size limits
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def _load() -> None:
         _loaded = True
         from . import (  # noqa: F401
             add,
+            allreduce_norm,
             flashinfer_ops,
             gemm,
             gemm_chain,
