@@ -58,6 +58,7 @@ POSITIONAL = {
     "all_to_all": ["x", "group"], "rmsnorm": ["x", "w", "eps"], "add_rmsnorm": ["x", "residual", "w", "eps"],
     "silu_and_mul": ["x"], "gelu_and_mul": ["x"], "mul": ["a", "b"],
     "rope": ["q", "k", "positions", "cos_sin_cache"], "quantize": ["x", "dtype"],
+    "all_reduce_add_rmsnorm": ["x", "residual", "w", "group", "eps"],
 }
 _INTERP = re.compile(r"\{([^{}]*)\}")
 _FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)

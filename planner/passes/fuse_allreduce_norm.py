@@ -61,11 +61,11 @@ def _refusal(cp: Compiled, v: str, claimed: set) -> tuple[str | None, str | None
         return None, None, f"its result '{r}' has {len(readers)} readers ({', '.join(readers[:3])}), not one add_rmsnorm"
     n = readers[0]
     norm = g.nodes[n]["op"]
+    if n in claimed:
+        return None, None, f"add_rmsnorm '{n}' already absorbs its other operand's all_reduce"
     if norm.op != "add_rmsnorm":
         what = "a view" if norm.op in VIEW_OPS else norm.op
         return None, None, f"its result '{r}' feeds {what} '{n}', not an add_rmsnorm"
-    if n in claimed:
-        return None, None, f"add_rmsnorm '{n}' already absorbs its other operand's all_reduce"
     if norm.x == norm.residual:
         return None, None, f"add_rmsnorm '{n}' reads '{r}' as both operands"
     if g.nodes[v]["ctx"] != g.nodes[n]["ctx"]:
@@ -100,6 +100,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, cp.probes)
     claimed: set = set()
     for v in cands:
+        if v not in g:
+            continue
         n, other, why = _refusal(cp, v, claimed)
         if why:
             report["not_fused"].append({"op": v, "reason": why})
@@ -127,6 +129,13 @@ def _rewrite(cp: Compiled, v: str, n: str, other: str, ictx) -> dict:
         spec.producer = fused.id
         cp.tensors[spec.name] = spec
     g.add_node(fused.id, op=fused, ctx=ctx, stream="main", waits=[], records=[])
+    for name in fused.inputs():  # the edges in now, so later candidates see this op as a reader
+        p = cp.tensors[name].producer
+        if p is not None:
+            if g.has_edge(p, fused.id):
+                g.edges[p, fused.id]["tensors"].append(name)
+            else:
+                g.add_edge(p, fused.id, tensors=[name])
     t = cp.tensors[fused.out[0]]
     return {"id": fused.id, "all_reduce": v, "add_rmsnorm": n, "group": ar.group, "dtype": t.dtype,
             "x": ar.x, "residual": other, "removed": r,
