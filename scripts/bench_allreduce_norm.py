@@ -26,7 +26,8 @@ before each replay, CUDA events, median per rank, max over ranks (executors.tool
     torchrun --nproc-per-node 2 scripts/bench_allreduce_norm.py --tokens 1,8,64 --iters 10
     python scripts/bench_allreduce_norm.py --dry-run     # CPU, gloo, 2 ranks, torch paths only
 Writes <out>/allreduce_norm_tp<N>.{json,md,csv} and the tuning file
-<out>/allreduce_norm_tp<N>_tuning.json (planner.tuning format, "fusion" entry).
+<out>/allreduce_norm_tp<N>_tuning.json (planner.tuning format, "fusion" entry); --merge-into F
+adds that entry to a `planner tune` file F (which times single-process ops only).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from executors.backends.torch_pointwise import add_rmsnorm_ref  # noqa: E402
 from executors.tools.bench import env_info, log, parse_tokens, time_graphs_dist, write_report  # noqa: E402
 from planner.lang.loader import load_plan  # noqa: E402
 from planner.pipeline import compile_plan  # noqa: E402
-from planner.tuning import fusion_key, new_tuning, save_tuning  # noqa: E402
+from planner.tuning import fusion_key, load_tuning, new_tuning, save_tuning  # noqa: E402
 
 TOKENS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 EPS = 1e-6
@@ -284,6 +285,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--tolerance", type=float, default=0.03, help="compiled may be this much slower than the best")
     ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--merge-into", default=None, help="a `planner tune` file to add the derived fusion entry to")
     ap.add_argument("--dry-run", action="store_true", help="CPU + gloo, 2 spawned ranks, hidden 64, torch paths")
     ap.add_argument("--no-strict", action="store_true", help="report mismatches instead of failing")
     a = ap.parse_args()
@@ -338,6 +340,10 @@ def main() -> int:
     table = write_report(a.out, stem, meta, rows, COLS, title, notes)
     if a.out:
         save_tuning(res["tuning"], Path(a.out) / f"{stem}_tuning.json")
+    if a.merge_into:  # planner tune runs in one process and times no collectives: the entry comes from here
+        data = load_tuning(a.merge_into)
+        data.setdefault("fusion", {}).update(res["tuning"]["fusion"])
+        save_tuning(data, a.merge_into)
     print(table)
     ok = all(r["ok"] for r in rows)
     fast = all(r["compiled_ok"] for r in rows)
