@@ -89,6 +89,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     plan = cp.plan
     report: dict = {"fused": [], "not_fused": []}
     cp.report[NAME] = report
+    ars = [v for v, d in g.nodes(data=True) if d["op"].op == "all_reduce"]
+    if not ars:
+        return cp, False
     index = {o.id: i for i, o in enumerate(plan.ops)}
 
     def x_first(v):  # an all_reduce in the norm's x position wins over one in its residual position
@@ -96,7 +99,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         rd = _readers(g, v, r)
         pos = 0 if len(rd) == 1 and getattr(g.nodes[rd[0]]["op"], "x", None) == r else 1
         return pos, index.get(v, 1 << 60), v
-    cands = sorted((v for v in g.nodes if g.nodes[v]["op"].op == "all_reduce"), key=x_first)
+    cands = sorted(ars, key=x_first)
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, cp.probes)
     claimed: set = set()
     for v in cands:
