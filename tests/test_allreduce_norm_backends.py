@@ -98,3 +98,24 @@ def test_flashinfer_fused_kernel_on_two_gpus():
     for rep in run_ranks(_fused_rank, 2, 16, backend="nccl", timeout_s=300):
         assert rep["backend"] == "flashinfer", rep
         assert rep["normed"] < 0.05 and rep["r_out"] < 0.05, rep
+
+
+def test_tuning_fusion_entry_is_validated_at_build_and_ignored_on_cpu(tmp_path):
+    from executors import build_executor
+    from executors.errors import BuildError
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    from planner.tuning import fusion_key
+    from tests.dist_allreduce_norm import PLAN
+    cp = compile_plan(load_plan("arn.yaml", text=PLAN.replace("world: 2", "world: 1")))
+    w = torch.ones(32, dtype=torch.bfloat16)
+    good = {"limits": {}, "fusion": {fusion_key("bf16", 32, 1): {"max_tokens": 8}}}
+    ex = build_executor(cp, {"w": w}, device="cpu", tuning=good)
+    assert ex.backends["normed"] == "torch"  # the fused kernel needs CUDA: the entry does not apply
+    x, r = torch.randn(3, 32).bfloat16(), torch.randn(3, 32).bfloat16()
+    out = ex(dims={"num_tokens": 3}, x=x, r=r)
+    want = add_rmsnorm_ref(x, r, w, 1e-6)
+    assert torch.equal(out["normed"], want[0]) and torch.equal(out["r_out"], want[1])
+    with pytest.raises(BuildError, match="fusion key 'all_reduce_add_rmsnorm:bf16:N=32'"):
+        build_executor(cp, {"w": w}, device="cpu", tuning={"limits": {}, "fusion": {
+            "all_reduce_add_rmsnorm:bf16:N=32": {"max_tokens": 8}}})
