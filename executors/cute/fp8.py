@@ -1,0 +1,534 @@
+"""CuTe DSL fp8 (e4m3) skinny GEMM for decode, M <= 16 (H200, sm_90a).
+
+    out[M, N] = (x[M, K] * scale_a) @ (w[N, K] * scale_b)^T     fp32 accumulation, bf16 or fp32 out
+
+Scales (fp32), by kind:
+
+* ``scale_a``: "tensor" (one value), "row" ([M, 1], one per token) or "block" ([M, ceil(K/128)],
+  one per token and 128-wide K group: DeepSeek-V3's activation scales; any strides).
+* ``scale_b``: "tensor", "col" ([N, 1], one per weight row = output column; "row" is accepted as
+  the same kind) or "block" ([ceil(N/128), ceil(K/128)], one per 128x128 weight block; any strides).
+
+The kernel walks K in 128-wide blocks (K % 128 == 0). Each block's products are summed into a
+fresh fp32 partial, which is multiplied by the block's sa * sb (block kinds) and added to the fp32
+accumulator; per-tensor / per-row / per-column factors are applied once at the end.
+
+Hopper runs fp8 ``mma.sync`` as conversions to f16 plus f16 mma (seen in the SASS), so the kernel
+converts itself, each 32-bit word of 4 e4m3 values once per lane, and issues m16n8k16 f16 mma:
+word j of a 16-byte vector feeds the j-th k16 mma of that 64-wide K step, for x and the weights
+alike, so both operands see the same K permutation. ``hw`` words of every vector go through the
+hardware cvt (F2FP, a slow pipe on sm_90), the others through integer ops (exact, 2^-8 times the
+value, into a second partial that is scaled by 2^16 when the K block is promoted): two pipes
+share the conversion work. See ``bits_words`` for the integer conversion.
+
+Public API (torch / cutlass imported lazily: importing this module needs neither):
+
+* ``supports_fp8(m_max, n, k, scale_a_kind, scale_b_kind, device)`` -> None or a reason
+* ``gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=torch.bfloat16)`` -> out
+* ``Fp8Config``, ``default_fp8_config(m, n, k)``, ``fp8_configs_for(m, n, k)``,
+  ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
+
+Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
+on disk with the bf16 kernels' machinery (executors.cute.disk_cached), and launched on torch's
+current stream with programmatic dependent launch: the first weight vectors and weight scales
+are loaded before ``griddepcontrol.wait``, x and scale_a after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+__all__ = [
+    "BLOCK",
+    "FP8_MAX_M",
+    "SCALE_A_KINDS",
+    "SCALE_B_KINDS",
+    "Fp8Config",
+    "supports_fp8",
+    "gemm_fp8",
+    "scale_kind",
+    "default_fp8_config",
+    "fp8_configs_for",
+    "compile_fp8_for_arch",
+    "get_fp8_kernel",
+    "dequant_reference",
+]
+
+BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
+FP8_MAX_M = 16
+SMS = 132  # H200 / H100 SXM streaming multiprocessors (config heuristics only)
+SCALE_A_KINDS = ("tensor", "row", "block")
+SCALE_B_KINDS = ("tensor", "col", "block")
+_A_CODE = {"tensor": 0, "row": 1, "block": 2}
+_B_CODE = {"tensor": 0, "col": 1, "row": 1, "block": 2}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------
+# configuration
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fp8Config:
+    """One kernel variant. A warp owns ``tiles`` n8 tiles (8 weight rows each) and a share of K;
+    a block is ``warps_n`` x ``warps_k`` warps (shared-memory reduction over warps_k)."""
+
+    m_tile: int = 16  # token rows per mma (8 or 16); runtime M <= m_tile
+    tiles: int = 2  # n8 tiles per warp: 1, 2 or 4 (a warp's rows stay inside one 128-row block)
+    warps_n: int = 1  # warps side by side along N
+    warps_k: int = 4  # warps splitting K (whole 128-wide blocks each)
+    unroll: int = 1  # 128-wide K blocks per warp iteration (loaded one iteration ahead)
+    ki: int = 1  # 1: iteration it of warp wk reads K blocks (it * warps_k + wk) * unroll + u
+    hw: int = 2  # words (of 4 per 16-byte vector) converted by the hardware cvt, the rest by integer ops
+    minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
+    pdl: bool = True
+
+    def key(self) -> str:
+        wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
+        mb = f"_mb{self.minb}" if self.minb else ""
+        return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
+                f"_hw{self.hw}{mb}_pdl{int(self.pdl)}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Fp8Config:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown Fp8Config fields {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def threads(self) -> int:
+        return 32 * self.warps_n * self.warps_k
+
+    def rows_per_block(self) -> int:
+        return 8 * self.tiles * self.warps_n
+
+    def grid(self, n: int) -> int:
+        return _cdiv(n, self.rows_per_block())
+
+    def iterations(self, k: int) -> int:
+        """Loop iterations per warp (K blocks / (warps_k * unroll))."""
+        return k // BLOCK // (self.warps_k * self.unroll)
+
+    def check(self, m: int, n: int, k: int) -> str | None:
+        """None if this config runs the shape, else the reason."""
+        if self.m_tile not in (8, 16):
+            return f"m_tile must be 8 or 16, got {self.m_tile}"
+        if not 1 <= m <= self.m_tile:
+            return f"M={m} outside 1..m_tile={self.m_tile}"
+        if n < 1:
+            return f"N={n} must be positive"
+        if k < BLOCK or k % BLOCK:
+            return f"K={k} must be a positive multiple of {BLOCK} (the kernel walks 128-wide K blocks)"
+        if self.tiles not in (1, 2, 4):
+            return "tiles must be 1, 2 or 4 (a warp's rows then lie in one 128-row scale block)"
+        if self.warps_n < 1 or self.warps_k < 1 or self.unroll < 1:
+            return "warps_n, warps_k and unroll must be positive"
+        kb = k // BLOCK
+        if kb % (self.warps_k * self.unroll):
+            return f"K/128={kb} not divisible by warps_k*unroll={self.warps_k * self.unroll}"
+        if self.threads() > 1024:
+            return f"{self.threads()} threads per block > 1024"
+        if self.ki not in (0, 1) or not 0 <= self.hw <= 4:
+            return "ki is 0/1, hw is 0..4"
+        if self.minb < 0 or self.minb * self.threads() > 2048:
+            return "minb * threads must be <= 2048"
+        return None
+
+
+def scale_kind(scale_shape, rows: int, k: int, operand: str) -> str:
+    """Kind of a scale tensor of shape ``scale_shape`` for an operand with ``rows`` rows and K = k
+    ("a": x [M, K], "b": w [N, K]). Shapes that fit two kinds (M = 1, or K = 128) mean the same
+    scaling either way. Raises ValueError naming the expected shapes."""
+    shape = tuple(int(s) for s in scale_shape)
+    numel = 1
+    for s in shape:
+        numel *= s
+    kb = _cdiv(k, BLOCK)
+    if numel == 1 and len(shape) <= 2:
+        return "tensor"
+    if operand == "a":
+        if shape in ((rows, 1), (rows,)):
+            return "row"
+        if shape == (rows, kb):
+            return "block"
+        want = f"() or [1] (tensor), [{rows}, 1] (row) or [{rows}, {kb}] (1x128 blocks)"
+    else:
+        if shape in ((rows, 1), (rows,)):
+            return "col"
+        if shape == (_cdiv(rows, BLOCK), kb):
+            return "block"
+        want = (f"() or [1] (tensor), [{rows}, 1] (per column) or [{_cdiv(rows, BLOCK)}, {kb}] "
+                "(128x128 blocks)")
+    raise ValueError(f"scale_{operand} shape {list(shape)} fits none of {want}")
+
+
+def _fits(cfg: Fp8Config, m: int, n: int, k: int) -> bool:
+    return cfg.check(m, n, k) is None
+
+
+def _wk_choices(kb: int, unroll: int, limit: int) -> list[int]:
+    return [w for w in range(1, min(limit, 32) + 1) if kb % (w * unroll) == 0]
+
+
+def default_fp8_config(m: int, n: int, k: int, sms: int = SMS) -> Fp8Config:
+    """Config by shape (H200 heuristics, no measurement behind them yet): 16 weight rows per warp
+    where N gives every SM two warps' worth of tiles, else 8; warps along K so the grid holds about
+    16 warps per SM (up to 28 per block for small N); one K block per iteration; the launch bound
+    set so that the whole grid is resident at once (no second wave)."""
+    mt = 8 if m <= 8 else 16
+    if n < 1 or k < BLOCK or k % BLOCK:
+        raise ValueError(f"no fp8 config for N={n} K={k}: K must be a positive multiple of {BLOCK}")
+    nt = _cdiv(n, 8)
+    tiles = 2 if nt >= 2 * sms else 1
+    blocks = _cdiv(nt, tiles)
+    kb = k // BLOCK
+    target = max(1, (16 * sms) // blocks)  # warps per block for ~16 warps per SM
+    cap = 32 if blocks < sms else 16
+    wk = max(_wk_choices(kb, 1, min(target, cap)) or [1])
+    threads = 32 * wk
+    per_sm = _cdiv(blocks, sms)
+    minb = per_sm if per_sm * threads <= 2048 and per_sm <= 8 else 0
+    cfg = Fp8Config(m_tile=mt, tiles=tiles, warps_k=wk, unroll=1, minb=minb)
+    why = cfg.check(m, n, k)
+    if why is not None:  # pragma: no cover - the rules above only build valid configs
+        raise ValueError(f"no fp8 config for M={m} N={n} K={k}: {why}")
+    return cfg
+
+
+def fp8_configs_for(m: int, n: int, k: int, limit: int = 12) -> list[Fp8Config]:
+    """The default and its neighbours (for a sweep): conversion split, unroll, tiles, K split."""
+    base = default_fp8_config(m, n, k)
+    kb = k // BLOCK
+    rep = dataclasses.replace
+    cands = [base, rep(base, hw=4), rep(base, hw=0), rep(base, minb=0)]
+    for wk in (base.warps_k // 2, base.warps_k * 2):
+        if wk >= 1 and kb % wk == 0:
+            cands.append(rep(base, warps_k=wk, minb=0))
+    if kb % (base.warps_k * 2) == 0:
+        cands.append(rep(base, unroll=2))
+    elif base.warps_k % 2 == 0 and kb % base.warps_k == 0:
+        cands.append(rep(base, warps_k=base.warps_k // 2, unroll=2, minb=0))
+    cands += [rep(base, tiles=t, minb=0) for t in (1, 2, 4) if t != base.tiles]
+    cands += [rep(base, ki=0), rep(base, warps_n=2, minb=0)]
+    out: list[Fp8Config] = []
+    for c in cands:
+        if c not in out and _fits(c, m, n, k):
+            out.append(c)
+    return out[:limit]
+
+
+# --------------------------------------------------------------------------------------
+# conversion
+# --------------------------------------------------------------------------------------
+# Integer e4m3 -> f16 conversion of one 32-bit word (bytes b0..b3, b0 lowest), 2^-8 times the
+# value, exact for every finite e4m3 input (subnormals included): an e4m3 byte s.eeee.mmm placed
+# as f16 bits s.0eeee.mmm0000000 is the same significand with the exponent bias 15 instead of 7.
+# Odd bytes (b1, b3) already sit in the high byte of each 16-bit half; even bytes are moved there.
+# One program, rendered as the kernel's PTX (bits_ptx) and interpreted by bits_words (tests).
+BITS_SIGN = 0x80008000
+BITS_MAG = 0x3F803F80
+BITS_PROGRAM = (  # (op, dst, src, immediate); q = input word, d0 / d1 = the two f16x2 outputs
+    ("shl", "m", "q", 7), ("and", "m", "m", BITS_MAG),
+    ("shl", "s", "q", 8), ("and", "s", "s", BITS_SIGN), ("or", "d0", "m", "s"),
+    ("shr", "m", "q", 1), ("and", "m", "m", BITS_MAG),
+    ("and", "s", "q", BITS_SIGN), ("or", "d1", "m", "s"),
+)
+
+
+def bits_ptx() -> str:
+    """BITS_PROGRAM as the body of an inline-asm block ($0, $1 = d0, d1; $2 = q)."""
+    reg = {"q": "$2", "d0": "$0", "d1": "$1", "m": "m", "s": "s"}
+    lines = ["{", ".reg .b32 m, s;"]
+    for op, dst, src, imm in BITS_PROGRAM:
+        arg = reg[imm] if isinstance(imm, str) else (f"{imm:#x}" if imm > 31 else str(imm))
+        lines.append(f"{op}.b32 {reg[dst]}, {reg[src]}, {arg};")
+    return "\n\t".join(lines + ["}"])
+
+
+def bits_words(q):
+    """Interpret BITS_PROGRAM on q (an int or a numpy uint32/int64 array): (d0, d1) =
+    (f16x2 of (b0, b2), f16x2 of (b1, b3)), low half first."""
+    r = {"q": q & 0xFFFFFFFF}
+    for op, dst, src, imm in BITS_PROGRAM:
+        a = r[src]
+        b = r[imm] if isinstance(imm, str) else imm
+        if op == "shl":
+            v = a << b
+        elif op == "shr":
+            v = a >> b
+        elif op == "and":
+            v = a & b
+        else:
+            v = a | b
+        r[dst] = v & 0xFFFFFFFF
+    return r["d0"], r["d1"]
+
+
+def word_byte_order(method: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Which bytes of a word land in (register 0 low/high half, register 1 low/high half):
+    "hw" per the PTX ISA for cvt.rn.f16x2.e4m3x2 (low byte to the low half), "bits" per
+    BITS_PROGRAM. Correctness does not depend on it: x and the weights use the same method for
+    the same word, so they see the same permutation."""
+    return ((0, 2), (1, 3)) if method == "bits" else ((0, 1), (2, 3))
+
+
+# --------------------------------------------------------------------------------------
+# reference of the scaling math (pure torch, CPU or GPU)
+# --------------------------------------------------------------------------------------
+def _expand_scale(scale, kind: str, rows: int, k: int, operand: str):
+    """[rows, K] fp32 factor that multiplies the operand elementwise."""
+    import torch
+
+    s = scale.float()
+    if kind == "tensor":
+        return s.reshape(1, 1).expand(rows, k)
+    if kind in ("row", "col"):
+        return s.reshape(rows, 1).expand(rows, k)
+    if operand == "a":
+        return s.repeat_interleave(BLOCK, dim=1)[:, :k]
+    return s.repeat_interleave(BLOCK, dim=0)[:rows].repeat_interleave(BLOCK, dim=1)[:, :k]
+
+
+def dequant_reference(x, w, scale_a, scale_b):
+    """fp32 out = (x * scale_a) @ (w * scale_b)^T with the operands dequantized elementwise:
+    the straightforward definition the kernel's per-K-block scaling must agree with."""
+    m, k = x.shape
+    n = w.shape[0]
+    ka = scale_kind(scale_a.shape, m, k, "a")
+    kbk = scale_kind(scale_b.shape, n, k, "b")
+    xa = x.float() * _expand_scale(scale_a, ka, m, k, "a")
+    wb = w.float() * _expand_scale(scale_b, kbk, n, k, "b")
+    return xa @ wb.t()
+
+
+def blockwise_reference(x, w, scale_a, scale_b):
+    """fp32 out computed the way the kernel orders it: per 128-wide K block a partial sum of the
+    raw fp8 products, times that block's scale_a * scale_b (block kinds), added to the
+    accumulator; per-tensor / row / column factors applied at the end."""
+    import torch
+
+    m, k = x.shape
+    n = w.shape[0]
+    ka = scale_kind(scale_a.shape, m, k, "a")
+    kbk = scale_kind(scale_b.shape, n, k, "b")
+    sa = scale_a.float()
+    sb = scale_b.float()
+    acc = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    xf, wf = x.float(), w.float()
+    for kb in range(k // BLOCK):
+        part = xf[:, kb * BLOCK:(kb + 1) * BLOCK] @ wf[:, kb * BLOCK:(kb + 1) * BLOCK].t()
+        fa = sa.reshape(m, -1)[:, kb:kb + 1] if ka == "block" else 1.0
+        fb = sb.repeat_interleave(BLOCK, dim=0)[:n, kb].reshape(1, n) if kbk == "block" else 1.0
+        acc = acc + part * (fa * fb)
+    if ka == "tensor":
+        acc = acc * sa.reshape(())
+    elif ka == "row":
+        acc = acc * sa.reshape(m, 1)
+    if kbk == "tensor":
+        acc = acc * sb.reshape(())
+    elif kbk == "col":
+        acc = acc * sb.reshape(1, n)
+    return acc
+
+
+# --------------------------------------------------------------------------------------
+# capability check
+# --------------------------------------------------------------------------------------
+def _kind_reason(scale_a_kind: str, scale_b_kind: str) -> str | None:
+    if scale_a_kind not in _A_CODE:
+        return f"scale_a kind {scale_a_kind!r} is not one of {list(SCALE_A_KINDS)}"
+    if scale_b_kind not in _B_CODE:
+        return f"scale_b kind {scale_b_kind!r} is not one of {list(SCALE_B_KINDS)} (or 'row')"
+    return None
+
+
+def supports_fp8(m_max: int, n: int, k: int, scale_a_kind: str, scale_b_kind: str,
+                 device=None) -> str | None:
+    """None if ``gemm_fp8`` runs every M in 1..m_max at this N, K and these scale kinds on
+    ``device`` (None: skip the device checks), else a human-readable reason."""
+    why = _kind_reason(scale_a_kind, scale_b_kind)
+    if why is not None:
+        return why
+    if not 1 <= int(m_max) <= FP8_MAX_M:
+        return f"M={m_max} outside 1..{FP8_MAX_M} (decode kernel)"
+    if n < 1:
+        return f"N={n} must be positive"
+    if k < BLOCK or k % BLOCK:
+        return f"K={k} must be a positive multiple of {BLOCK}"
+    for m in sorted({min(int(m_max), 8), int(m_max)}):
+        try:
+            cfg = default_fp8_config(m, n, k)
+        except ValueError as e:
+            return str(e)
+        why = cfg.check(m, n, k)
+        if why is not None:
+            return why
+    if device is not None:
+        return _device_reason(device)
+    return None
+
+
+def _device_reason(device) -> str | None:
+    try:
+        import torch
+    except Exception as e:  # pragma: no cover - torch is a dependency
+        return f"torch not importable: {e}"
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return f"device {dev} is not a CUDA device"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    cc = torch.cuda.get_device_capability(dev)
+    if cc < (9, 0):
+        return f"compute capability {cc[0]}.{cc[1]} < 9.0 (needs sm_90: PDL, e4m3 conversions)"
+    from . import importable
+
+    if not importable():
+        return "nvidia-cutlass-dsl is not importable"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# compilation and caching (the package's machinery)
+# --------------------------------------------------------------------------------------
+def _out_code(out_dtype) -> int:
+    """0 = bf16, 1 = fp32."""
+    s = str(out_dtype)
+    if s in ("torch.bfloat16", "bfloat16", "bf16"):
+        return 0
+    if s in ("torch.float32", "float32", "fp32"):
+        return 1
+    raise ValueError(f"out_dtype {out_dtype} must be bfloat16 or float32")
+
+
+def _tag(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int, arch: str) -> tuple[str, str]:
+    from . import _cutlass_version, _source_hash
+
+    src = _source_hash(("fp8.py", "fp8_kernels.py", "ptx.py", "kernels.py"))
+    tag = f"{cfg.key()}_n{n}_k{k}_a{a}_b{b}_o{o}_{arch}_{_cutlass_version()}_{src}"
+    return "fp8gemm_" + hashlib.sha256(tag.encode()).hexdigest()[:20], tag
+
+
+def _compile(cfg, n, k, a, b, o, arch, use_disk=True):
+    from . import _device_arch, disk_cached
+    from . import fp8_kernels
+
+    arch = arch or _device_arch()
+    fname, tag = _tag(cfg, n, k, a, b, o, arch)
+    return disk_cached(fname, tag, lambda: fp8_kernels.compile_tvm_ffi(
+        cfg, n, k, a, b, o, extra_options=f"--gpu-arch {arch}"), use_disk)
+
+
+def get_fp8_kernel(cfg: Fp8Config, n: int, k: int, scale_a_kind: str, scale_b_kind: str,
+                   out_dtype="bfloat16", arch: str | None = None):
+    """Compiled TVM-FFI callable ``fn(x_u8, w_u8, sa2d, sb2d, out)`` (cached)."""
+    from . import memoized
+
+    a, b, o = _A_CODE[scale_a_kind], _B_CODE[scale_b_kind], _out_code(out_dtype)
+    return memoized(("fp8", cfg, n, k, a, b, o, arch), lambda: _compile(cfg, n, k, a, b, o, arch))
+
+
+def compile_fp8_for_arch(cfg: Fp8Config, n: int, k: int, scale_a_kind: str = "block",
+                         scale_b_kind: str = "block", out_dtype="bfloat16", arch: str = "sm_90a",
+                         sass: bool = False) -> str:
+    """Compile without a GPU; return the PTX text (sass: the SASS)."""
+    from . import _lock, ptx_of, sass_of
+    from . import fp8_kernels
+
+    a, b, o = _A_CODE[scale_a_kind], _B_CODE[scale_b_kind], _out_code(out_dtype)
+
+    def build(opts):
+        return fp8_kernels.compile_tvm_ffi(cfg, n, k, a, b, o, extra_options=opts)
+
+    if sass:
+        return sass_of(build, arch)
+    with _lock:
+        return ptx_of(build, arch)
+
+
+# --------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------
+def _scale_2d(scale, kind: str, rows: int, name: str):
+    """A 2-D fp32 view the kernel indexes with (row, K block) and the view's strides."""
+    if kind == "tensor":
+        return scale.reshape(1, 1)
+    if kind in ("row", "col"):
+        return scale.reshape(rows, 1) if scale.dim() == 1 else scale
+    if scale.dim() != 2:
+        raise ValueError(f"{name} block scales must be 2-D")
+    return scale
+
+
+def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config | None = None):
+    """out[M, N] = (x * scale_a) @ (w * scale_b)^T on torch's current stream; returns out.
+
+    x: float8_e4m3fn [M, K], 1 <= M <= 16, unit column stride, row stride % 16 == 0, 16-byte
+    aligned. w: float8_e4m3fn [N, K] contiguous, 16-byte aligned. scale_a / scale_b: fp32, kinds
+    inferred from their shapes (see the module docstring). out: [M, N] bf16 or fp32 with unit
+    column stride (may be a column slice of a wider buffer); allocated when None, with out_dtype
+    (default bf16). Raises ValueError for anything it cannot run."""
+    import torch
+
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else torch.bfloat16
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x and w must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
+    m, k = x.shape
+    n, kw = w.shape
+    if kw != k:
+        raise ValueError(f"K mismatch: x {tuple(x.shape)} w {tuple(w.shape)}")
+    for name, t in (("x", x), ("w", w)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"{name} must be torch.float8_e4m3fn, got {t.dtype}")
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+    ka = scale_kind(scale_a.shape, m, k, "a")
+    kbk = scale_kind(scale_b.shape, n, k, "b")
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    elif tuple(out.shape) != (m, n) or out.dtype != out_dtype:
+        raise ValueError(f"out must be {out_dtype} {(m, n)}, got {out.dtype} {tuple(out.shape)}")
+    if m == 0:
+        return out
+    why = supports_fp8(m, n, k, ka, kbk)
+    if why is not None:
+        raise ValueError(f"gemm_fp8 unsupported: {why}")
+    if not x.is_cuda:
+        raise ValueError("gemm_fp8 runs on CUDA tensors (x is on the CPU)")
+    if x.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError("x and out need unit stride along the last dim")
+    if m == 1 and x.stride(0) % 16:  # one row: any row stride is as good as K
+        x = x.as_strided((1, k), (k, 1))
+    if x.stride(0) % 16 or x.stride(0) < k:
+        raise ValueError(f"x row stride {x.stride(0)} must be >= K and a multiple of 16")
+    if not w.is_contiguous():
+        raise ValueError("w must be contiguous")
+    if x.data_ptr() % 16 or w.data_ptr() % 16:
+        raise ValueError("x and w must be 16-byte aligned")
+    cfg = config if config is not None else default_fp8_config(m, n, k)
+    why = cfg.check(m, n, k)
+    if why is not None:
+        raise ValueError(f"config {cfg.key()} cannot run M={m} N={n} K={k}: {why}")
+    sa2 = _scale_2d(scale_a, ka, m, "scale_a")
+    sb2 = _scale_2d(scale_b, kbk, n, "scale_b")
+    fn = get_fp8_kernel(cfg, n, k, ka, kbk, "float32" if out_dtype == torch.float32 else "bfloat16")
+    fn(x.view(torch.uint8), w.view(torch.uint8), sa2, sb2, out)
+    return out

@@ -1,0 +1,211 @@
+"""The fp8 skinny-GEMM kernel (imports cutlass: load lazily, see fp8.py for the API and math).
+
+Per lane (g = lane / 4, t = lane % 4) and 64-wide K step: one 16-byte non-coherent load of weight
+row g of each n8 tile (columns t*16 .. t*16+16 of the step) and one 16-byte load of x rows g and
+g + 8 at the same columns. 32-bit word j of these vectors is converted to two f16x2 registers and
+feeds the j-th m16n8k16 mma of the step as (a0, a2) / (a1, a3) of x and (b0, b1) of the weights,
+so x and the weights see the same K permutation (which bytes a register holds depends on the
+conversion, see fp8.word_byte_order, and is the same for both operands). Two such steps make a
+128-wide K block: its partial sums are promoted into the accumulator with the block's scales.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64, Uint8
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .fp8 import Fp8Config, bits_ptx
+from .fp8_lane import LaneProgram, acc_entries
+from .kernels import _imin, _SmemAllocator
+from .ptx import ld_act_v4, ld_weights_v4, pdl_wait
+
+
+# --------------------------------------------------------------------------------------
+# inline PTX
+# --------------------------------------------------------------------------------------
+def _words(res, n):
+    return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(n)]
+
+
+@dsl_user_op
+def cvt_hw(q: Int32, *, loc=None, ip=None):
+    """Hardware conversion of 4 e4m3 values: [f16x2 (b0, b1), f16x2 (b2, b3)]."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 2), [Int32(q).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, $2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 $0, lo;\n\tcvt.rn.f16x2.e4m3x2 $1, hi;\n\t}",
+        "=r,=r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return _words(res, 2)
+
+
+@dsl_user_op
+def cvt_bits(q: Int32, *, loc=None, ip=None):
+    """Integer conversion of 4 e4m3 values, 2^-8 times exact: [f16x2 (b0, b2), f16x2 (b1, b3)]
+    (fp8.BITS_PROGRAM, rendered by fp8.bits_ptx)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 2), [Int32(q).ir_value(loc=loc, ip=ip)],
+        bits_ptx(), "=&r,=&r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return _words(res, 2)
+
+
+@dsl_user_op
+def mma_f16(a, b, c, *, loc=None, ip=None):
+    """One m16n8k16 f16 mma.sync with fp32 accumulation: a 4 x f16x2, b 2 x f16x2, c 4 x f32."""
+    ops = [Int32(v).ir_value(loc=loc, ip=ip) for v in list(a) + list(b)]
+    ops += [Float32(v).ir_value(loc=loc, ip=ip) for v in c]
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32()] * 4), ops,
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i])) for i in range(4)]
+
+
+def _ld_f32(instr: str, addr, loc, ip):
+    return Float32(llvm.inline_asm(
+        T.f32(), [Int64(addr).ir_value(loc=loc, ip=ip)], instr + " $0, [$1];", "=f,l",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def ld_f32(addr: Int64, *, loc=None, ip=None):
+    """Coherent fp32 load (activation scales, written by the previous kernel)."""
+    return _ld_f32("ld.global.f32", addr, loc, ip)
+
+
+@dsl_user_op
+def ld_f32_nc(addr: Int64, *, loc=None, ip=None):
+    """Non-coherent fp32 load (weight scales, read-only)."""
+    return _ld_f32("ld.global.nc.f32", addr, loc, ip)
+
+
+class _Ops:
+    """LaneProgram's ops as CuTe DSL values and inline PTX."""
+
+    Int32, Int64, Float32 = Int32, Int64, Float32
+    imin = staticmethod(_imin)
+    ld_w = staticmethod(ld_weights_v4)
+    ld_x = staticmethod(ld_act_v4)
+    ld_f32 = staticmethod(ld_f32)
+    ld_f32_nc = staticmethod(ld_f32_nc)
+    cvt_hw = staticmethod(cvt_hw)
+    cvt_bits = staticmethod(cvt_bits)
+    mma = staticmethod(mma_f16)
+
+
+# --------------------------------------------------------------------------------------
+# kernel
+# --------------------------------------------------------------------------------------
+def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
+    """Host function for out = (x * sa) @ (w * sb)^T; a, b: scale kinds (0 tensor, 1 row/col,
+    2 block), o: 0 bf16 out, 1 fp32 out."""
+    MT, R, WN, WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
+    NTHR = cfg.threads()
+    GRID = cfg.grid(n)
+    OUT_BLK = WN * R * MT * 8
+    PDL = cfg.pdl
+    N, K = n, k
+    OUT_T = Float32 if o == 1 else BFloat16
+    attrs = {}
+    if cfg.minb > 0:
+        # an explicit carveout keeps the DSL from asking a device for its smem size (CPU compile)
+        attrs = {"min_blocks_per_mp": cfg.minb, "preferred_smem_carveout": -1}
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
+               mO: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        lane = tid % 32
+        warp = tid // 32
+        g = lane // 4
+        t = lane % 4
+        wn = warp % WN
+        wk = warp // WN
+        n_tile0 = (bid * WN + wn) * (8 * R)
+
+        ln = LaneProgram(_Ops, cfg, N, K, a, b)
+        ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
+                         mSB.stride[0], mSB.stride[1])
+        w_cur = ln.load_w(0)
+        sb_cur = ln.load_sb(0)
+        if cutlass.const_expr(PDL):
+            pdl_wait(tid)
+            # let the next kernel launch now: it loads its own weights, then waits for this grid
+            cute.arch.griddepcontrol_launch_dependents()
+        m_rows = mX.shape[0]
+        ln.setup_acts(mX.iterator.toint(), mX.stride[0], m_rows, g, t, mSA.iterator.toint(),
+                      mSA.stride[0], mSA.stride[1])
+        acc = ln.run(w_cur, sb_cur)
+
+        # outputs are computed for clamped coordinates (valid loads of the row / column scales)
+        # and stored under the predicate: the predicated regions hold stores only
+        ents = acc_entries(R, MT, g, t)
+        if cutlass.const_expr(WK == 1):
+            for q in cutlass.range_constexpr(len(ents)):
+                r, e, m, c8 = ents[q]
+                col = n_tile0 + r * 8 + c8
+                v = ln.final(acc[r][e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                if m < m_rows:
+                    if col < N:
+                        mO[m, col] = v
+        else:
+            smem = _SmemAllocator()
+            red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+            for q in cutlass.range_constexpr(len(ents)):
+                r, e, m, c8 = ents[q]
+                red[ln.red_slot(wk, wn, r, m, c8)] = acc[r][e]
+            cute.arch.sync_threads()
+            for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                idx = tid + p * NTHR
+                idc = _imin(idx, OUT_BLK - 1)
+                s = Float32(0.0)
+                for qq in cutlass.range_constexpr(WK):
+                    s = s + red[qq * OUT_BLK + idc]
+                m, col = ln.out_coord(bid, idc)
+                v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                if idx < OUT_BLK:
+                    if m < m_rows:
+                        if col < N:
+                            mO[m, col] = v
+
+    @cute.jit
+    def host(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
+             mO: cute.Tensor, stream):
+        kernel(mX, mW, mSA, mSB, mO).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1), stream=stream,
+                                            use_pdl=PDL, **attrs)
+
+    return host
+
+
+def fake_args(n: int, k: int, o: int):
+    """Fake tensors / stream for TVM-FFI compilation: M, the row strides of x and out, the
+    scales' shapes and strides are runtime values. x and w are passed as uint8 views."""
+    m = cute.sym_int()
+    x = cute.runtime.make_fake_tensor(Uint8, (m, k), stride=(cute.sym_int64(divisibility=16), 1),
+                                      assumed_align=16)
+    w = cute.runtime.make_fake_tensor(Uint8, (n, k), stride=(k, 1), assumed_align=16)
+    scales = [cute.runtime.make_fake_tensor(Float32, (cute.sym_int(), cute.sym_int()),
+                                            stride=(cute.sym_int64(), cute.sym_int64()),
+                                            assumed_align=4) for _ in range(2)]
+    out_t = Float32 if o == 1 else BFloat16
+    out = cute.runtime.make_fake_tensor(out_t, (m, n), stride=(cute.sym_int64(), 1),
+                                        assumed_align=4 if o == 1 else 2)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return x, w, scales[0], scales[1], out, stream
+
+
+def compile_tvm_ffi(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int,
+                    extra_options: str = ""):
+    why = cfg.check(1, n, k)
+    if why is not None:
+        raise ValueError(f"config {cfg.key()} cannot compile N={n} K={k}: {why}")
+    host = build(cfg, n, k, a, b, o)
+    opts = "--enable-tvm-ffi" + (" " + extra_options if extra_options else "")
+    return cute.compile(host, *fake_args(n, k, o), options=opts)
