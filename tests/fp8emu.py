@@ -1,0 +1,203 @@
+"""CPU emulator of the fp8 skinny GEMM: runs executors.cute.fp8_lane.LaneProgram (the code the
+kernel traces) on numpy vectors of a warp's 32 lanes, over a flat byte "device memory", with the
+mma.sync m16n8k16 f16 fragment layout of the PTX ISA emulated across lanes, and the kernel's
+epilogue (direct stores, or the shared-memory reduction over warps_k) rebuilt from the program's
+own index helpers. Every load is checked for alignment and bounds, every output for being
+written exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from executors.cute.fp8 import Fp8Config, bits_words
+from executors.cute.fp8_lane import LaneProgram, acc_entries
+
+LANES = np.arange(32)
+G, T = LANES // 4, LANES % 4
+
+
+def _e4m3_to_f16_bits() -> np.ndarray:
+    v = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    return v.to(torch.float16).view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+
+
+E4M3_F16 = _e4m3_to_f16_bits()
+
+
+def f16_halves(word):
+    """(low, high) f16 values of 32-bit words (int64 arrays) as float64."""
+    w = np.asarray(word, dtype=np.int64) & 0xFFFFFFFF
+    lo = (w & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+    hi = (w >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+    return lo, hi
+
+
+class Memory:
+    """Flat little-endian byte memory with 256-byte aligned allocations."""
+
+    def __init__(self, nbytes: int):
+        self.buf = np.zeros(nbytes, dtype=np.uint8)
+        self.top = 256  # address 0 stays unused
+
+    def alloc(self, nbytes: int) -> int:
+        base = self.top
+        self.top = (self.top + nbytes + 255) // 256 * 256
+        assert self.top <= self.buf.size, "emulator memory too small"
+        return base
+
+    def put_strided(self, arr: np.ndarray, strides, elem: int) -> int:
+        """Store a 2-D array with the given element strides; returns its base address."""
+        rows, cols = arr.shape
+        span = (rows - 1) * strides[0] + (cols - 1) * strides[1] + 1
+        base = self.alloc(span * elem)
+        raw = arr.reshape(rows, cols, 1).view(np.uint8).reshape(rows, cols, elem)
+        for i in range(rows):
+            for j in range(cols):
+                a = base + (i * strides[0] + j * strides[1]) * elem
+                self.buf[a:a + elem] = raw[i, j]
+        return base
+
+    def read(self, addr, nbytes: int) -> np.ndarray:
+        a = np.asarray(addr, dtype=np.int64).reshape(-1)
+        assert (a % nbytes == 0).all(), f"misaligned {nbytes}-byte load at {a[a % nbytes != 0][:4]}"
+        assert (a > 0).all() and (a + nbytes <= self.top).all(), "load out of bounds"
+        return self.buf[a[:, None] + np.arange(nbytes)]
+
+
+class NumpyOps:
+    """LaneProgram's ops on numpy lane vectors (words: int64 arrays holding uint32 values)."""
+
+    def __init__(self, mem: Memory):
+        self.mem = mem
+        self.mma_calls = 0
+
+    @staticmethod
+    def Int32(v):
+        return np.asarray(v, dtype=np.int64)
+
+    Int64 = Int32
+
+    @staticmethod
+    def Float32(v):
+        return np.asarray(v, dtype=np.float32)
+
+    @staticmethod
+    def imin(a, b):
+        return np.minimum(a, b)
+
+    def _ld_v4(self, addr):
+        words = self.mem.read(addr, 16).copy().view("<u4").astype(np.int64)
+        return [words[:, j] for j in range(4)]
+
+    ld_w = ld_x = _ld_v4
+
+    def ld_f32(self, addr):
+        return self.mem.read(addr, 4).copy().view("<f4").reshape(np.shape(addr))
+
+    ld_f32_nc = ld_f32
+
+    @staticmethod
+    def cvt_hw(q):
+        """cvt.rn.f16x2.e4m3x2 of each 16-bit half (PTX ISA: the low byte to the low half)."""
+        q = np.asarray(q, dtype=np.int64) & 0xFFFFFFFF
+        b = [(q >> (8 * i)) & 0xFF for i in range(4)]
+        return [E4M3_F16[b[0]] | (E4M3_F16[b[1]] << 16), E4M3_F16[b[2]] | (E4M3_F16[b[3]] << 16)]
+
+    @staticmethod
+    def cvt_bits(q):
+        d0, d1 = bits_words(np.asarray(q, dtype=np.int64))
+        return [d0, d1]
+
+    def mma(self, a, b, c):
+        """mma.sync.m16n8k16.row.col.f32.f16.f16.f32 across the 32 lanes (PTX ISA fragments:
+        a0 = A[g][2t:2t+2], a1 = A[g+8][2t:2t+2], a2 = A[g][2t+8:2t+10], a3 = A[g+8][2t+8:2t+10];
+        b0 = B[2t:2t+2][g], b1 = B[2t+8:2t+10][g]; c = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1])."""
+        self.mma_calls += 1
+        A = np.zeros((16, 16))
+        B = np.zeros((16, 8))
+        for reg, (row, col) in enumerate(((G, 2 * T), (G + 8, 2 * T), (G, 2 * T + 8), (G + 8, 2 * T + 8))):
+            lo, hi = f16_halves(np.broadcast_to(a[reg], (32,)))
+            A[row, col], A[row, col + 1] = lo, hi
+        for reg, krow in enumerate((2 * T, 2 * T + 8)):
+            lo, hi = f16_halves(np.broadcast_to(b[reg], (32,)))
+            B[krow, G], B[krow + 1, G] = lo, hi
+        C = A @ B
+        out = (C[G, 2 * T], C[G, 2 * T + 1], C[G + 8, 2 * T], C[G + 8, 2 * T + 1])
+        return [(o + np.broadcast_to(np.asarray(ci, dtype=np.float64), (32,))).astype(np.float32)
+                for o, ci in zip(out, c, strict=True)]
+
+
+def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, sb: np.ndarray,
+            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None):
+    """out[M, N] (fp32, before any bf16 rounding) as the kernel computes it. a, b: scale kinds
+    (0 tensor, 1 row/col, 2 block); sa, sb: 2-D fp32 arrays stored with the given element
+    strides (default row-major); x stored with row stride x_stride (default K)."""
+    m, k = x_u8.shape
+    n = w_u8.shape[0]
+    assert cfg.check(m, n, k) is None, cfg.check(m, n, k)
+    sx = x_stride or k
+    sa_strides = sa_strides or (sa.shape[1], 1)
+    sb_strides = sb_strides or (sb.shape[1], 1)
+    def span(shape, strides, elem):
+        return ((shape[0] - 1) * strides[0] + (shape[1] - 1) * strides[1] + 1) * elem + 256
+
+    mem = Memory(256 + span((m, k), (sx, 1), 1) + span((n, k), (k, 1), 1)
+                 + span(sa.shape, sa_strides, 4) + span(sb.shape, sb_strides, 4))
+    x_base = mem.put_strided(x_u8, (sx, 1), 1)
+    w_base = mem.put_strided(w_u8, (k, 1), 1)
+    sa_base = mem.put_strided(sa.astype(np.float32), sa_strides, 4)
+    sb_base = mem.put_strided(sb.astype(np.float32), sb_strides, 4)
+    ops = NumpyOps(mem)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    writes = np.zeros((m, n), dtype=np.int64)
+    R, WN, WK, MT = cfg.tiles, cfg.warps_n, cfg.warps_k, cfg.m_tile
+
+    def store(mm, col, v):
+        ok = (mm < m) & (col < n)
+        np.add.at(writes, (mm[ok], col[ok]), 1)
+        out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
+
+    for bid in range(cfg.grid(n)):
+        red = np.full(WK * WN * R * MT * 8, np.nan, dtype=np.float32)
+        ln = None
+        for warp in range(WN * WK):
+            wn, wk = warp % WN, warp // WN
+            n_tile0 = (bid * WN + wn) * (8 * R)
+            ln = LaneProgram(ops, cfg, n, k, a, b)
+            ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
+            w_cur, sb_cur = ln.load_w(0), ln.load_sb(0)
+            ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
+            acc = ln.run(w_cur, sb_cur)
+            for r, e, mm, c8 in acc_entries(R, MT, G, T):
+                if WK == 1:
+                    col = n_tile0 + r * 8 + c8
+                    v = ln.final(acc[r][e], np.minimum(mm, m - 1), np.minimum(col, n - 1))
+                    store(mm, col, v)
+                else:
+                    slot = ln.red_slot(wk, wn, r, mm, c8)
+                    assert np.isnan(red[slot]).all(), "two values for one reduction slot"
+                    red[slot] = acc[r][e]
+        if WK > 1:
+            assert not np.isnan(red).any(), "reduction slot never written"
+            nthr = cfg.threads()
+            for p in range(-(-ln.out_blk // nthr)):
+                idx = np.arange(nthr) + p * nthr
+                idc = np.minimum(idx, ln.out_blk - 1)
+                s = sum(red[q * ln.out_blk + idc] for q in range(WK)).astype(np.float32)
+                mm, col = ln.out_coord(bid, idc)
+                v = ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1))
+                ok = idx < ln.out_blk
+                store(mm[ok], col[ok], np.broadcast_to(v, idx.shape)[ok])
+    assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
+    return out, ops.mma_calls
+
+
+def random_e4m3_bytes(rng: np.random.Generator, shape, full_range: bool = True) -> np.ndarray:
+    """Random e4m3 bit patterns without the two NaNs; full_range=False keeps |v| <= 2."""
+    if full_range:
+        v = rng.integers(0, 256, size=shape)
+        v[(v & 0x7F) == 0x7F] = 0x00
+    else:
+        v = rng.integers(0, 64, size=shape) | (rng.integers(0, 2, size=shape) << 7)  # exponent <= 7
+    return v.astype(np.uint8)

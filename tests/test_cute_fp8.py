@@ -1,0 +1,540 @@
+"""Tests for the CuTe DSL fp8 skinny GEMM (executors.cute.fp8).
+
+CPU, pure: the integer e4m3 -> f16 conversion against torch for every byte, the scale-kind
+inference, the per-K-block scaling order against dequantize-then-matmul, the configs, the K
+schedule, and the kernel's lane program run by the emulator (tests/fp8emu.py) against an fp64
+reference for many configs, shapes and scale layouts (with negative controls showing the checks
+catch a wrong K permutation or a wrong scale index).
+CPU, cutlass: every default config of the DeepSeek-V3 / KDA shapes compiles for sm_90a; PTX and
+SASS show the 16-byte non-coherent weight loads ahead of griddepcontrol.wait, the f16 mma, both
+conversions, no spills.
+GPU (marker ``gpu``): M = 1..16 on several shapes and all scale kinds against an fp32 reference
+of the dequantized operands, poisoned outputs, strided views, fp32 output, graph replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import executors.cute as ec
+from executors.cute import fp8
+from executors.cute.fp8 import BLOCK, Fp8Config
+from executors.cute.fp8_lane import acc_entries, k_block
+from tests.cuteutil import gpu
+from tests.fp8emu import E4M3_F16, NumpyOps, emulate, f16_halves, random_e4m3_bytes
+
+# DeepSeek-V3 TP8 decode shapes (N, K) and the KDA shapes with fp8 weights
+DSV3 = {"qkv_a": (2112, 7168), "q_b": (3072, 1536), "kv_b": (4096, 512), "o_proj": (7168, 2048),
+        "mlp_gate_up": (4608, 7168), "mlp_down": (7168, 2304), "shared_gate_up": (512, 7168),
+        "shared_down": (7168, 256)}
+KDA = {"qkvg": (6144, 7168), "fa_beta": (144, 7168), "fb": (1536, 128)}
+SHAPES = {**DSV3, **KDA}
+KIND_CODES = {"tensor": 0, "row": 1, "col": 1, "block": 2}
+
+
+def _e4m3_values() -> np.ndarray:
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double().numpy()
+
+
+E4M3 = _e4m3_values()
+
+
+def _scales(rng, kind: str, rows: int, k: int, operand: str) -> np.ndarray:
+    kb = -(-k // BLOCK)
+    shape = {"tensor": (1, 1), "row": (rows, 1), "col": (rows, 1),
+             "block": (rows, kb) if operand == "a" else (-(-rows // BLOCK), kb)}[kind]
+    return rng.uniform(0.25, 4.0, size=shape).astype(np.float32)
+
+
+def _ref64(x_u8, w_u8, sa, sb, ka, kb_):
+    """fp64 (x * sa) @ (w * sb)^T through fp8.dequant_reference's scale expansion."""
+    xt = torch.from_numpy(x_u8).view(torch.float8_e4m3fn)
+    wt = torch.from_numpy(w_u8).view(torch.float8_e4m3fn)
+    m, k = x_u8.shape
+    n = w_u8.shape[0]
+    fa = fp8._expand_scale(torch.from_numpy(sa).double(), ka, m, k, "a")
+    fb = fp8._expand_scale(torch.from_numpy(sb).double(), kb_, n, k, "b")
+    return ((xt.double() * fa) @ (wt.double() * fb).t()).numpy()
+
+
+def _close(out, ref, x_u8, w_u8, tol=2e-6):
+    """|out - ref| within tol of the magnitude sum (fp32 accumulation of fp8 products)."""
+    mag = np.abs(E4M3[x_u8]) @ np.abs(E4M3[w_u8]).T
+    scale = np.abs(ref).max() / max(np.abs(E4M3[x_u8] @ E4M3[w_u8].T).max(), 1e-30)
+    bound = tol * (mag * max(scale, 1e-30) + np.abs(ref)) + 1e-30
+    bad = np.abs(out - ref) > bound
+    return not bad.any(), float((np.abs(out - ref) / (np.abs(ref).max() + 1e-30)).max())
+
+
+# --------------------------------------------------------------------------------------
+# conversions and the scaling math (pure)
+# --------------------------------------------------------------------------------------
+def test_bits_conversion_exact_for_every_byte():
+    """BITS_PROGRAM (the kernel's integer conversion) gives 2^-8 times the exact e4m3 value for
+    all 254 finite bytes in every position of a word, whatever the other bytes hold."""
+    rng = np.random.default_rng(0)
+    finite = np.array([b for b in range(256) if (b & 0x7F) != 0x7F])
+    for pos in range(4):
+        other = rng.integers(0, 256, size=(finite.size, 4))
+        other[:, pos] = finite
+        q = (other[:, 0] | (other[:, 1] << 8) | (other[:, 2] << 16) | (other[:, 3] << 24)).astype(np.int64)
+        words = fp8.bits_words(q)
+        order = fp8.word_byte_order("bits")  # order[reg][half] = byte position
+        reg, half = next((r, h) for r in range(2) for h in range(2) if order[r][h] == pos)
+        vals = f16_halves(words[reg])[half]
+        assert np.array_equal(vals, E4M3[finite] / 256.0), pos
+    # the hardware path's table and the byte order the kernel relies on (none: both operands
+    # use one method per word), checked against torch
+    assert np.array_equal(f16_halves(E4M3_F16)[0], E4M3[np.arange(256)] * 1.0, equal_nan=True)
+    d = NumpyOps.cvt_hw(np.array([0x38B0C840]))
+    assert f16_halves(d[0])[0][0] == E4M3[0x40] and f16_halves(d[1])[1][0] == E4M3[0x38]
+
+
+def test_bits_ptx_renders_the_program():
+    text = fp8.bits_ptx()
+    assert text.count("\n") == len(fp8.BITS_PROGRAM) + 2
+    for op, _dst, _src, imm in fp8.BITS_PROGRAM:
+        arg = r"\w+" if isinstance(imm, str) else (hex(imm) if imm > 31 else str(imm))
+        assert re.search(rf"{op}\.b32 \S+, \S+, {arg};", text), (op, imm)
+
+
+def test_scale_kind_inference_and_errors():
+    assert fp8.scale_kind((), 4, 256, "a") == "tensor"
+    assert fp8.scale_kind((1,), 4, 256, "a") == "tensor"
+    assert fp8.scale_kind((4, 1), 4, 256, "a") == "row"
+    assert fp8.scale_kind((4,), 4, 256, "a") == "row"
+    assert fp8.scale_kind((4, 2), 4, 256, "a") == "block"
+    assert fp8.scale_kind((200, 1), 200, 256, "b") == "col"
+    assert fp8.scale_kind((2, 2), 200, 256, "b") == "block"
+    assert fp8.scale_kind((1, 1), 1, 128, "a") == "tensor"  # M = 1, K = 128: every kind is one value
+    with pytest.raises(ValueError, match=r"\[4, 2\] \(1x128 blocks\)"):
+        fp8.scale_kind((4, 3), 4, 256, "a")
+    with pytest.raises(ValueError, match=r"\[2, 2\] \(128x128 blocks\)"):
+        fp8.scale_kind((200, 2), 200, 256, "b")
+
+
+@pytest.mark.parametrize("ka", ["tensor", "row", "block"])
+@pytest.mark.parametrize("kb_", ["tensor", "col", "block"])
+def test_blockwise_order_equals_dequantize_then_matmul(ka, kb_):
+    """Summing raw products per 128-wide K block, scaling each block partial by sa * sb and
+    applying tensor / row / column factors last (the kernel's order) equals the plain
+    definition; a scale_b indexed by the wrong block coordinate does not (the check can fail)."""
+    rng = np.random.default_rng(1)
+    m, n, k = 5, 300, 640  # N crosses two 128-row blocks and ends in a partial one
+    x = torch.from_numpy(random_e4m3_bytes(rng, (m, k))).view(torch.float8_e4m3fn)
+    w = torch.from_numpy(random_e4m3_bytes(rng, (n, k))).view(torch.float8_e4m3fn)
+    sa = torch.from_numpy(_scales(rng, ka, m, k, "a"))
+    sb = torch.from_numpy(_scales(rng, kb_, n, k, "b"))
+    ref = _ref64(x.view(torch.uint8).numpy(), w.view(torch.uint8).numpy(), sa.numpy(), sb.numpy(),
+                 ka, kb_)
+    got = fp8.blockwise_reference(x, w, sa, sb).double().numpy()
+    rel = np.abs(got - ref).max() / np.abs(ref).max()
+    assert rel < 1e-5, rel
+    assert np.abs(fp8.dequant_reference(x, w, sa, sb).double().numpy() - ref).max() / np.abs(ref).max() < 1e-5
+    if kb_ == "block":
+        wrong = sb.flip(0).contiguous()  # 128-row blocks swapped
+        bad = fp8.blockwise_reference(x, w, sa, wrong).double().numpy()
+        assert np.abs(bad - ref).max() / np.abs(ref).max() > 1e-2
+
+
+# --------------------------------------------------------------------------------------
+# configs, schedule, capability
+# --------------------------------------------------------------------------------------
+def test_default_configs_for_every_shape_and_m():
+    for name, (n, k) in SHAPES.items():
+        for m in range(1, 17):
+            cfg = fp8.default_fp8_config(m, n, k)
+            assert cfg.check(m, n, k) is None, (name, m, cfg.key())
+            assert cfg.m_tile == (8 if m <= 8 else 16)
+            assert Fp8Config.from_dict(cfg.to_dict()) == cfg
+            cands = fp8.fp8_configs_for(m, n, k)
+            assert cands[0] == cfg and len(set(cands)) == len(cands)
+            assert all(c.check(m, n, k) is None for c in cands)
+    with pytest.raises(ValueError, match="unknown Fp8Config fields"):
+        Fp8Config.from_dict({"m_tile": 8, "tile": 2})
+
+
+def test_config_check_reasons():
+    c = Fp8Config(m_tile=8, tiles=2, warps_k=4)
+    assert "outside 1..m_tile" in c.check(9, 512, 512)
+    assert "multiple of 128" in c.check(4, 512, 200)
+    assert "divisible" in c.check(4, 512, 384)
+    assert "tiles" in Fp8Config(tiles=3).check(4, 512, 512)
+    assert "1024" in Fp8Config(warps_k=33).check(4, 512, 128 * 33)
+
+
+@pytest.mark.parametrize("wk,u,ki", [(1, 1, 1), (4, 1, 1), (4, 1, 0), (2, 3, 1), (2, 3, 0), (7, 2, 1)])
+def test_k_schedule_covers_every_block_once(wk, u, ki):
+    kb = wk * u * 3
+    nit = kb // (wk * u)
+    seen = sorted(k_block(it, uu, w, wk, u, nit, ki) for w in range(wk) for it in range(nit) for uu in range(u))
+    assert seen == list(range(kb))
+
+
+def test_supports_fp8_reasons():
+    assert fp8.supports_fp8(16, 2112, 7168, "block", "block") is None
+    assert fp8.supports_fp8(1, 144, 7168, "tensor", "col") is None
+    assert fp8.supports_fp8(8, 1536, 128, "row", "row") is None  # "row" for b = per weight row
+    assert "outside 1..16" in fp8.supports_fp8(17, 2112, 7168, "block", "block")
+    assert "multiple of 128" in fp8.supports_fp8(4, 2112, 7000, "block", "block")
+    assert "scale_a kind 'blk'" in fp8.supports_fp8(4, 2112, 7168, "blk", "block")
+    assert "scale_b kind" in fp8.supports_fp8(4, 2112, 7168, "block", "1x128")
+    assert "not a CUDA device" in fp8.supports_fp8(4, 2112, 7168, "block", "block", "cpu")
+
+
+def test_gemm_fp8_rejects_bad_input_with_reasons():
+    x = torch.zeros(4, 256, dtype=torch.float8_e4m3fn)
+    w = torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
+    s1 = torch.ones(())
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8.gemm_fp8(x.float(), w, s1, s1)
+    with pytest.raises(ValueError, match="K mismatch"):
+        fp8.gemm_fp8(x, w[:, :128], s1, s1)
+    with pytest.raises(ValueError, match="scale_a shape"):
+        fp8.gemm_fp8(x, w, torch.ones(4, 3), s1)
+    with pytest.raises(ValueError, match="float32"):
+        fp8.gemm_fp8(x, w, s1.double(), s1)
+    with pytest.raises(ValueError, match="out_dtype"):
+        fp8.gemm_fp8(x, w, s1, s1, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="outside 1..16"):
+        fp8.gemm_fp8(torch.zeros(17, 256, dtype=torch.float8_e4m3fn), w, s1, s1)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        fp8.gemm_fp8(x, w, s1, s1)
+
+
+# --------------------------------------------------------------------------------------
+# the kernel's lane program, emulated on the CPU
+# --------------------------------------------------------------------------------------
+EMU_CASES = [  # (config, M, N, K)
+    (Fp8Config(m_tile=8, tiles=2, warps_k=3), 5, 200, 384),
+    (Fp8Config(m_tile=8, tiles=1, warps_k=1, unroll=2, hw=4, ki=0), 8, 40, 256),
+    (Fp8Config(m_tile=16, tiles=1, warps_k=1, unroll=3, hw=0), 16, 72, 384),
+    (Fp8Config(m_tile=16, tiles=4, warps_n=2, warps_k=2, hw=1, ki=0), 9, 200, 512),
+    (Fp8Config(m_tile=16, tiles=2, warps_k=2, unroll=2, hw=3, minb=2), 13, 131, 512),
+    (Fp8Config(m_tile=8, tiles=4, warps_k=4, hw=2), 1, 20, 512),
+]
+
+
+@pytest.mark.parametrize("case", range(len(EMU_CASES)))
+@pytest.mark.parametrize("kinds", [("block", "block"), ("tensor", "tensor"), ("row", "col"),
+                                   ("block", "col"), ("tensor", "block"), ("row", "block")])
+def test_emulated_kernel_matches_fp64_reference(case, kinds):
+    cfg, m, n, k = EMU_CASES[case]
+    ka, kb_ = kinds
+    rng = np.random.default_rng(10 * case + len(ka) + 3 * len(kb_))
+    x = random_e4m3_bytes(rng, (m, k))
+    w = random_e4m3_bytes(rng, (n, k))
+    sa, sb = _scales(rng, ka, m, k, "a"), _scales(rng, kb_, n, k, "b")
+    out, calls = emulate(cfg, x, w, sa, sb, KIND_CODES[ka], KIND_CODES[kb_])
+    ok, rel = _close(out, _ref64(x, w, sa, sb, ka, kb_), x, w)
+    assert ok, (cfg.key(), kinds, rel)
+    per_block = 8 * cfg.tiles  # 2 K steps x 4 words
+    assert calls == cfg.grid(n) * cfg.warps_n * cfg.warps_k * cfg.iterations(k) * cfg.unroll * per_block
+
+
+def test_emulated_strided_operands():
+    """x with a padded row stride, column-major activation scales (DeepGEMM's layout) and
+    transposed-storage weight scales read through their strides."""
+    cfg = Fp8Config(m_tile=16, tiles=2, warps_k=2)
+    m, n, k = 11, 264, 512
+    rng = np.random.default_rng(7)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    sa, sb = _scales(rng, "block", m, k, "a"), _scales(rng, "block", n, k, "b")
+    out, _ = emulate(cfg, x, w, sa, sb, 2, 2, x_stride=k + 48, sa_strides=(1, m),
+                     sb_strides=(1, sb.shape[0]))
+    ok, rel = _close(out, _ref64(x, w, sa, sb, "block", "block"), x, w)
+    assert ok, rel
+
+
+def test_emulator_catches_mismatched_k_permutation():
+    """Negative control: if the weights' hardware conversion put its bytes in another order than
+    x's, the products pair the wrong K positions and the comparison fails."""
+    cfg = Fp8Config(m_tile=8, tiles=1, warps_k=1, hw=4)
+    m, n, k = 4, 16, 128
+    rng = np.random.default_rng(3)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    sa, sb = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)
+    ref = _ref64(x, w, sa, sb, "tensor", "tensor")
+    out, _ = emulate(cfg, x, w, sa, sb, 0, 0)
+    assert _close(out, ref, x, w)[0]
+    orig = NumpyOps.mma
+
+    def mma_with_swapped_b(self, a, b, c):  # b halves exchanged: the weights in another K order
+        return orig(self, a, [((v >> 16) | (v << 16)) & 0xFFFFFFFF for v in b], c)
+
+    NumpyOps.mma = mma_with_swapped_b
+    try:
+        bad, _ = emulate(cfg, x, w, sa, sb, 0, 0)
+    finally:
+        NumpyOps.mma = orig
+    assert not _close(bad, ref, x, w)[0]
+
+
+def test_acc_entries_match_the_bf16_kernels():
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    from executors.cute.kernels import _acc_entries
+
+    for r, mt in ((1, 8), (2, 16), (4, 16)):
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            theirs = [(ai, ci, m, c8) for ai, ci, _r, m, c8 in _acc_entries(r, mt, 0, g, t)]
+            assert acc_entries(r, mt, g, t) == theirs
+
+
+# --------------------------------------------------------------------------------------
+# compiled for sm_90a on the CPU
+# --------------------------------------------------------------------------------------
+def _need_cutlass():
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+
+def _default_cases():
+    seen = {}
+    for name, (n, k) in SHAPES.items():
+        for m in (1, 16):
+            seen.setdefault((fp8.default_fp8_config(m, n, k), n, k), name)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def default_ptx():
+    _need_cutlass()
+    return {key: (name, fp8.compile_fp8_for_arch(key[0], key[1], key[2]))
+            for key, name in _default_cases().items()}
+
+
+def test_ptx_of_default_configs(default_ptx):
+    for (cfg, _n, k), (name, ptx) in default_ptx.items():
+        tag = f"{name} {cfg.key()}"
+        assert ".target sm_90a" in ptx, tag
+        nit, r, u = cfg.iterations(k), cfg.tiles, cfg.unroll
+        w_loads = ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.u32")
+        assert w_loads == nit * u * 2 * r, (tag, w_loads)  # one 16-byte vector per tile and K step
+        x_loads = ptx.count("ld.global.v4.u32")
+        assert x_loads == nit * u * 2 * (cfg.m_tile // 8), (tag, x_loads)
+        mmas = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+        assert mmas == nit * u * 8 * r, (tag, mmas)
+        words = nit * u * 2 * (r + cfg.m_tile // 8)  # 16-byte vectors converted
+        assert ptx.count("cvt.rn.f16x2.e4m3x2") == words * cfg.hw * 2, tag
+        assert ptx.count("shr.b32 m, ") == words * (4 - cfg.hw), tag  # one per integer conversion
+        wait = ptx.index("griddepcontrol.wait")
+        assert ptx.count("ld.global.nc.L1::no_allocate", 0, wait) == u * 2 * r, tag
+        assert ptx.find("ld.global.v4.u32") > wait, tag  # x (written by the previous kernel) after it
+        assert ptx.count("ld.global.nc.f32") == nit * u, tag  # one weight block scale per K block
+        assert ".local" not in ptx, tag
+
+
+def _regcount(cubin: bytes) -> int:
+    """EIATTR_REGCOUNT of the (single) kernel from the cubin's .nv.info section."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    stroff = secs[shstrndx][4]
+    for s in secs:
+        name = cubin[stroff + s[0]:cubin.index(b"\0", stroff + s[0])]
+        if name == b".nv.info":
+            data, i = cubin[s[4]:s[4] + s[5]], 0
+            while i + 4 <= len(data):
+                fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
+                if fmt == 4 and attr == 0x2F:
+                    return struct.unpack_from("<II", data, i + 4)[1]
+                i += 4 + size if fmt == 4 else 4
+    raise AssertionError("no EIATTR_REGCOUNT")
+
+
+def test_sass_loads_before_wait_no_spills_registers_fit():
+    """What ptxas made of it: the first weight vectors (LDG.E.NA) are issued before
+    griddepcontrol.wait (ACQBULK), nothing spills, and the launch bound's register budget holds."""
+    _need_cutlass()
+    if ec.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (dev extra nvidia-cuda-nvdisasm)")
+    from executors.cute import _lock, cubin_of, fp8_kernels
+
+    for name in ("qkv_a", "mlp_gate_up", "mlp_down", "qkvg", "fa_beta", "fb"):
+        n, k = SHAPES[name]
+        for m in (1, 16):
+            cfg = fp8.default_fp8_config(m, n, k)
+            sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
+            wait = sass.index("ACQBULK")
+            assert sass.count("LDG.E.NA", 0, wait) >= 2 * cfg.tiles * cfg.unroll, (name, cfg.key())
+            assert sass.count("ACQBULK") == 1
+            assert "STL" not in sass and "LDL" not in sass, (name, cfg.key())
+            assert sass.count("HMMA.16816.F32") == cfg.iterations(k) * cfg.unroll * 8 * cfg.tiles
+
+            def build(opts, cfg=cfg, n=n, k=k):
+                return fp8_kernels.compile_tvm_ffi(cfg, n, k, 2, 2, 0, extra_options=opts)
+
+            with _lock:
+                regs = _regcount(cubin_of(build, "sm_90a"))
+            # the whole grid is resident at once (no second wave), by registers and threads
+            per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32)
+            assert cfg.grid(n) <= fp8.SMS * per_sm, (name, cfg.key(), regs, per_sm)
+
+
+@pytest.mark.parametrize("ka,kb_,out", [("tensor", "tensor", "bfloat16"), ("row", "col", "float32"),
+                                        ("block", "tensor", "bfloat16"), ("tensor", "block", "float32"),
+                                        ("row", "block", "bfloat16"), ("block", "col", "float32")])
+def test_ptx_scale_kinds_and_out_dtypes(ka, kb_, out):
+    """Each kind loads what it needs: block kinds once per K block (scale_a after the PDL wait,
+    scale_b before it), tensor kinds once, row / column kinds in the epilogue; fp32 out stores
+    32-bit values, bf16 out converts."""
+    _need_cutlass()
+    cfg = Fp8Config(m_tile=16, tiles=2, warps_k=2, unroll=1)
+    n, k = 256, 512
+    ptx = fp8.compile_fp8_for_arch(cfg, n, k, ka, kb_, out)
+    nit = cfg.iterations(k)
+    wait = ptx.index("griddepcontrol.wait")
+    sb_loads = ptx.count("ld.global.nc.f32")
+    sa_loads = ptx.count("ld.global.f32")
+    outs = -(-cfg.warps_n * cfg.tiles * cfg.m_tile * 8 // cfg.threads())  # reduction passes
+    want_sb = {"tensor": 1, "col": outs, "block": nit * cfg.unroll}[kb_]
+    want_sa = {"tensor": 1, "row": outs, "block": 2 * nit * cfg.unroll}[ka]
+    assert (sa_loads, sb_loads) == (want_sa, want_sb), (sa_loads, sb_loads)
+    # before the wait: the tensor / iteration-0 block weight scale, no activation scale
+    assert ptx.count("ld.global.nc.f32", 0, wait) == (0 if kb_ == "col" else 1)
+    assert ptx.count("ld.global.f32", 0, wait) == 0
+    stores32 = len(re.findall(r"st\.global\.(?:b32|f32)", ptx))
+    stores16 = len(re.findall(r"st\.global\.(?:b16|u16)", ptx))
+    if out == "float32":
+        assert stores32 == outs and stores16 == 0 and "cvt.rn.bf16.f32" not in ptx
+    else:
+        assert stores16 == outs and stores32 == 0 and ptx.count("cvt.rn.bf16.f32") == outs
+
+
+def test_sweep_configs_compile():
+    """Every candidate the bench sweeps for a large and a small shape compiles without spills."""
+    _need_cutlass()
+    for m, (n, k) in ((8, SHAPES["qkvg"]), (16, SHAPES["qkv_a"]), (16, SHAPES["fb"])):
+        for cfg in fp8.fp8_configs_for(m, n, k):
+            ptx = fp8.compile_fp8_for_arch(cfg, n, k)
+            assert ".local" not in ptx and "mma.sync" in ptx, cfg.key()
+
+
+def test_kernel_cache_key_has_kinds_and_dtype():
+    if not ec.importable():
+        pytest.skip("nvidia-cutlass-dsl not importable")
+    cfg = Fp8Config()
+    names = {fp8._tag(cfg, 256, 512, a, b, o, "sm_90a")[0] for a in (0, 1, 2) for b in (0, 1, 2) for o in (0, 1)}
+    assert len(names) == 18
+    assert fp8._tag(dataclasses.replace(cfg, hw=3), 256, 512, 2, 2, 0, "sm_90a")[0] not in names
+
+
+# --------------------------------------------------------------------------------------
+# GPU
+# --------------------------------------------------------------------------------------
+def _gpu_operands(m, n, k, ka, kb_, seed, device="cuda"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 2).to(torch.float8_e4m3fn)
+    w = (torch.randn(n, k, generator=g) * 2).to(torch.float8_e4m3fn)
+    kbn = -(-k // BLOCK)
+    sa = {"tensor": torch.rand((), generator=g), "row": torch.rand(m, 1, generator=g),
+          "block": torch.rand(m, kbn, generator=g)}[ka] * 0.02 + 0.005
+    nb = -(-n // BLOCK)
+    sb = {"tensor": torch.rand((), generator=g), "col": torch.rand(n, 1, generator=g),
+          "block": torch.rand(nb, kbn, generator=g)}[kb_] * 0.02 + 0.005
+    return [t.to(device) for t in (x, w, sa, sb)]
+
+
+def _check_gpu(out, ref, tag, rel_tol):
+    o = out.float()
+    assert torch.isfinite(o).all(), f"{tag}: non-finite output (unwritten?)"
+    rel = ((o - ref).norm() / ref.norm()).item()
+    assert rel < rel_tol, f"{tag}: rel err {rel}"
+
+
+GPU_SHAPES = ["qkv_a", "q_b", "kv_b", "shared_gate_up", "shared_down", "fa_beta", "fb"]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", list(range(1, 17)))
+@pytest.mark.parametrize("name", GPU_SHAPES)
+def test_gpu_block_scales(name, m):
+    n, k = SHAPES[name]
+    x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", 1000 * m + n)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8.gemm_fp8(x, w, sa, sb, out)
+    torch.cuda.synchronize()
+    _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), f"{name} M={m}", 6e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("kinds", [("tensor", "tensor"), ("row", "col"), ("block", "tensor"),
+                                   ("tensor", "block"), ("row", "block"), ("block", "col")])
+def test_gpu_scale_kinds_fp32_out(kinds, m):
+    n, k = 1000, 1024  # N ends in a partial 128-row block and a partial n8 tile pair
+    x, w, sa, sb = _gpu_operands(m, n, k, *kinds, seed=m)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    fp8.gemm_fp8(x, w, sa, sb, out)
+    torch.cuda.synchronize()
+    _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), f"{kinds} M={m}", 1e-5)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 7, 16])
+def test_gpu_strided_views(m):
+    """x a column slice of a wider buffer, column-major activation scales, out a column slice."""
+    n, k = 2112, 7168
+    x0, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=5 + m)
+    big = torch.zeros(m, k + 256, device="cuda", dtype=torch.float8_e4m3fn)
+    big[:, 128:128 + k] = x0
+    x = big[:, 128:128 + k]
+    sa_cm = sa.t().contiguous().t()
+    obuf = torch.full((m, n + 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = obuf[:, 32:32 + n]
+    fp8.gemm_fp8(x, w, sa_cm, sb, out)
+    torch.cuda.synchronize()
+    _check_gpu(out, fp8.dequant_reference(x0, w, sa, sb), f"strided M={m}", 6e-3)
+    assert torch.isnan(obuf[:, :32].float()).all() and torch.isnan(obuf[:, 32 + n:].float()).all()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [4, 12])
+def test_gpu_every_sweep_config(m):
+    n, k = SHAPES["qkv_a"]
+    x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=77)
+    ref = fp8.dequant_reference(x, w, sa, sb)
+    for cfg in fp8.fp8_configs_for(m, n, k):
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+        torch.cuda.synchronize()
+        _check_gpu(out, ref, cfg.key(), 6e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [2, 16])
+def test_gpu_graph_replay_side_stream(m):
+    n, k = SHAPES["qkvg"]
+    x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=9)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fp8.gemm_fp8(x, w, sa, sb, out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        fp8.gemm_fp8(x, w, sa, sb, out)
+    for rep in range(3):
+        x.copy_((torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn))
+        sa.copy_(torch.rand_like(sa) * 0.02 + 0.005)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), f"graph M={m} rep {rep}", 6e-3)
