@@ -202,7 +202,7 @@ class Acts:
 
 def torch_block_call(a: Acts, wt: Weights, m: int):
     """torch._scaled_mm with the DeepSeek block scales: (timed f(i), checked f(i), label). When
-    cuBLASLt refuses M it is retried with x and its scales padded to a multiple of 4 rows (the
+    cuBLASLt refuses M it is retried with x and its scales padded to a multiple of 4 (then 16) rows (the
     timed call reads the padded copies, as if the quantizer wrote them; the checked call
     refreshes them first). Raises with cuBLASLt's reasons if neither runs."""
     def direct(i):
@@ -214,17 +214,16 @@ def torch_block_call(a: Acts, wt: Weights, m: int):
         torch.cuda.synchronize()
         return direct, direct, "torch_blk"
     except Exception as first:
-        mp = -(-m // 4) * 4
-        if mp == m:
-            raise
+        err = first
+    for mp in sorted({-(-m // 4) * 4, -(-m // 16) * 16} - {m}):
         xp = torch.zeros(mp, a.x.shape[1], device="cuda", dtype=E4M3)
         sap = torch.ones(mp, a.sa_blk.shape[1], device="cuda").t().contiguous().t()
 
-        def padded(i):
+        def padded(i, xp=xp, sap=sap):
             return torch._scaled_mm(xp, wt.w[i % NSETS].t(), scale_a=sap,
                                     scale_b=wt.sb_blk[i % NSETS].t(), out_dtype=BF16)[:m]
 
-        def padded_fresh(i):
+        def padded_fresh(i, xp=xp, sap=sap, padded=padded):
             xp[:m].copy_(a.x)
             sap[:m].copy_(a.sa_blk)
             return padded(i)
@@ -232,14 +231,15 @@ def torch_block_call(a: Acts, wt: Weights, m: int):
         try:
             padded_fresh(0)
             torch.cuda.synchronize()
-        except Exception as second:
-            raise RuntimeError(f"{str(first).splitlines()[0]} / padded to M={mp}: "
-                               f"{str(second).splitlines()[0]}") from second
-        return padded, padded_fresh, f"torch_blk(M->{mp})"
+            return padded, padded_fresh, f"torch_blk(M->{mp})"
+        except Exception as again:
+            err = RuntimeError(f"{str(err).splitlines()[0]} / padded to M={mp}: {str(again).splitlines()[0]}")
+    raise err
 
 
-def make_paths(a: Acts, wt: Weights, m: int, outs: dict, log):
-    """name -> (f(i), reference fn(i) -> fp32, tolerance, poisoned out tensor or None)."""
+def make_paths(a: Acts, wt: Weights, m: int, outs: dict, log, tuned=None):
+    """name -> (f(i), reference fn(i) -> fp32, tolerance, poisoned out tensor or None).
+    tuned: the sweep's best config for this M's bucket (an fp8_tuned path when not the default)."""
     n, k = wt.n, wt.k
     paths = {}
     cfg = fp8.default_fp8_config(m, n, k)
@@ -255,6 +255,8 @@ def make_paths(a: Acts, wt: Weights, m: int, outs: dict, log):
 
     ours("fp8_blk", a.sa_blk, wt.sb_blk)
     ours("fp8_blk_nopdl", a.sa_blk, wt.sb_blk, nopdl)
+    if tuned is not None and tuned != cfg:
+        ours("fp8_tuned", a.sa_blk, wt.sb_blk, tuned)
     ours("fp8_row", a.sa_row, wt.sb_col)
     ours("fp8_ten", a.sa_ten, wt.sb_ten)
     ref_blk = lambda i: fp8.dequant_reference(a.x, wt.w[i % NSETS], a.sa_blk, wt.sb_blk[i % NSETS])  # noqa: E731
@@ -323,20 +325,23 @@ def fmt(v, nd=2):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-COLS = ["fp8_blk", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "torch_blk", "torch_row", "torch_ten",
-        "bf16_cute"]
+COLS = ["fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "torch_blk", "torch_row",
+        "torch_ten", "bf16_cute"]
 
 
-def bench_shape(name, n, k, ms, args, bw, log, rows):
+def bench_shape(name, n, k, ms, args, bw, log, rows, best):
     wt = Weights(n, k, bf16=not args.no_bf16)
     for m in ms:
         try:
             a = Acts(m, k)
             outs = {p: [torch.empty(m, n, device="cuda", dtype=BF16) for _ in range(NSETS)]
-                    for p in ("fp8_blk", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "bf16_cute")}
-            paths = make_paths(a, wt, m, outs, log)
+                    for p in ("fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "bf16_cute")}
+            tuned = best.get(name, {}).get(8 if m <= 8 else 16, {}).get("best")
+            paths = make_paths(a, wt, m, outs, log, tuned)
             errs = check_paths(paths, a, log)
             t = time_graphs({p: spec[0] for p, spec in paths.items()}, args.iters, args.trials)
+            if "fp8_tuned" not in paths and tuned is not None and "fp8_blk" in t:
+                t["fp8_tuned"] = t["fp8_blk"]  # the sweep's best is the default
             for base in ("torch_row", "torch_ten"):  # torch's best accumulation mode
                 cands = [t[p] for p in (base, base + "_fast") if p in t]
                 t[base] = min(cands) if cands else None
@@ -346,13 +351,16 @@ def bench_shape(name, n, k, ms, args, bw, log, rows):
                    "config": fp8.default_fp8_config(m, n, k).key()}
             ours = t.get("fp8_blk")
             row["blk_over_floor"] = ours / floor if ours else None
+            row["tuned_over_floor"] = t["fp8_tuned"] / floor if t.get("fp8_tuned") else None
+            row["tuned_config"] = tuned.key() if tuned is not None else None
             row["torch_blk_speedup"] = t["torch_blk"] / ours if ours and t.get("torch_blk") else None
             row["torch_row_speedup"] = t["torch_row"] / t["fp8_row"] if t.get("torch_row") and t.get("fp8_row") else None
             row["torch_ten_speedup"] = t["torch_ten"] / t["fp8_ten"] if t.get("torch_ten") and t.get("fp8_ten") else None
             row["bf16_over_fp8"] = t["bf16_cute"] / ours if ours and t.get("bf16_cute") else None
             rows.append(row)
             log("| " + " | ".join([str(m), name] + [fmt(t.get(c)) for c in COLS] + [
-                fmt(floor), fmt(row["blk_over_floor"], 3), fmt(row["torch_blk_speedup"], 3),
+                fmt(floor), fmt(row["blk_over_floor"], 3), fmt(row["tuned_over_floor"], 3),
+                fmt(row["torch_blk_speedup"], 3),
                 fmt(row["torch_row_speedup"], 3), fmt(row["torch_ten_speedup"], 3),
                 fmt(row["bf16_over_fp8"], 3), f"{max(v for k_, v in errs.items() if k_.startswith('fp8')):.1e}"]) + " |")
             del a, outs, paths
@@ -363,8 +371,10 @@ def bench_shape(name, n, k, ms, args, bw, log, rows):
 
 # --------------------------------------------------------------------------------------
 def sweep_shape(name, n, k, args, log, best):
+    """Times fp8_configs_for's candidates at M = 8 and 16 (one per m_tile: the kernel is the same
+    for every M of a bucket) and records the fastest correct one per bucket in best[name]."""
     wt = Weights(n, k, bf16=False)
-    for m in (1, 8, 16):
+    for m in (8, 16):
         try:
             a = Acts(m, k)
             out = [torch.empty(m, n, device="cuda", dtype=BF16) for _ in range(NSETS)]
@@ -389,7 +399,7 @@ def sweep_shape(name, n, k, args, log, best):
             order = sorted(t, key=t.get)
             log(f"  sweep {name} M={m}: default {default} {fmt(t.get(default))} us; best "
                 + ", ".join(f"{k_} {t[k_]:.2f}" for k_ in order[:4]))
-            best.setdefault(name, {})[m] = {"best": fns[order[0]][1].to_dict(), "best_us": t[order[0]],
+            best.setdefault(name, {})[m] = {"best": fns[order[0]][1], "best_us": t[order[0]],
                                             "default": default, "default_us": t.get(default),
                                             "all_us": t}
         except Exception as e:
@@ -423,7 +433,7 @@ def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log):
             if bf16 and ec.supports(m, n, k, BF16, k, n) is None:
                 want.add(("bf16", ec.default_config(m, n, k).to_json(), n, k, "", ""))
         if sweep:
-            for m in (1, 8, 16):
+            for m in (8, 16):
                 for c in fp8.fp8_configs_for(m, n, k):
                     want.add(("fp8", c.to_json(), n, k, "block", "block"))
     jobs_l = [(kd, json.loads(c), n, k, ka, kb_) for kd, c, n, k, ka, kb_ in sorted(want)]
@@ -477,29 +487,30 @@ def main():
     log(f"floor = (N*K + 4*(ceil(N/128)*K/128 + M*K/128)) bytes / read bandwidth. Targets: fp8_blk <= "
         f"{TARGET_FLOOR}x floor, >= {TARGET_TORCH}x faster than torch's scaled matmul.")
     log("")
-    hdr = ["M", "shape"] + [f"{c} us" for c in COLS] + ["floor us", "blk/floor", "torch_blk/fp8",
+    hdr = ["M", "shape"] + [f"{c} us" for c in COLS] + ["floor us", "blk/floor", "tuned/floor", "torch_blk/fp8",
                                                       "torch_row/fp8", "torch_ten/fp8", "bf16/fp8",
                                                       "max fp8 err"]
+    best = {}
+    if args.sweep:
+        log("## config sweep (block scales; the best per M bucket is the fp8_tuned column below)")
+        for name, (n, k) in shapes.items():
+            sweep_shape(name, n, k, args, log, best)
+            torch.cuda.empty_cache()
+        log("")
     log("| " + " | ".join(hdr) + " |")
     log("|" + "---:|" * len(hdr))
     rows = []
     for name, (n, k) in shapes.items():
         try:
-            bench_shape(name, n, k, ms, args, bw, log, rows)
+            bench_shape(name, n, k, ms, args, bw, log, rows, best)
             torch.cuda.empty_cache()
         except Exception as e:
             log(f"| - | {name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]} |")
             traceback.print_exc()
             torch.cuda.empty_cache()
     summarize(rows, log)
-    best = {}
-    if args.sweep:
-        log("")
-        log("## config sweep (block scales)")
-        for name, (n, k) in shapes.items():
-            sweep_shape(name, n, k, args, log, best)
-            torch.cuda.empty_cache()
-    res = {"device": props.name, "bandwidth_Bps": bw, "args": vars(args), "rows": rows, "sweep": best}
+    best_json = {nm: {m: {**v, "best": v["best"].to_dict()} for m, v in d.items()} for nm, d in best.items()}
+    res = {"device": props.name, "bandwidth_Bps": bw, "args": vars(args), "rows": rows, "sweep": best_json}
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     log(f"\nnumbers: {out.with_suffix('.json')}")
     return 0
@@ -514,11 +525,13 @@ def summarize(rows, log):
     for name in dict.fromkeys(r["shape"] for r in rows):
         rs = [r for r in rows if r["shape"] == name]
         fl = [r["blk_over_floor"] for r in rs if r["blk_over_floor"]]
+        tf = [r["tuned_over_floor"] for r in rs if r["tuned_over_floor"]]
         sp = [r["torch_blk_speedup"] or r["torch_row_speedup"] for r in rs]
         sp = [v for v in sp if v]
         b16 = [r["bf16_over_fp8"] for r in rs if r["bf16_over_fp8"]]
         log(f"- {name}: fp8_blk/floor {fmt(min(fl, default=None), 3)}..{fmt(max(fl, default=None), 3)}"
-            f" (<= {TARGET_FLOOR} at {sum(v <= TARGET_FLOOR for v in fl)}/{len(rs)} M); vs torch "
+            f" (<= {TARGET_FLOOR} at {sum(v <= TARGET_FLOOR for v in fl)}/{len(rs)} M)"
+            + (f", tuned {fmt(min(tf), 3)}..{fmt(max(tf), 3)}" if tf else "") + "; vs torch "
             f"{fmt(min(sp, default=None), 3)}..{fmt(max(sp, default=None), 3)} (>= {TARGET_TORCH} at "
             f"{sum(v >= TARGET_TORCH for v in sp)}/{len(rs)} M); bf16 cute / fp8 "
             f"{fmt(min(b16, default=None), 2)}..{fmt(max(b16, default=None), 2)}")
