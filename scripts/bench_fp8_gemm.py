@@ -21,10 +21,12 @@ Paths (out = bf16):
   floor          (weight bytes + scale bytes) / read bandwidth, measured in this run (torch.sum
                  over 2 GiB, a read-only kernel)
 
-Usage: python scripts/bench_fp8_gemm.py --out results/fp8_gemm/DATE_h200.md [--ms 1,2,4]
+Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,2,4]
        [--shapes qkv_a,qkvg] [--sweep] [--jobs 8] [--iters 20] [--trials 7]
---sweep also times fp8.fp8_configs_for's candidates at M = 1, 8, 16 (block scales) and reports the
-best per shape; --jobs compiles the kernels in that many processes first (disk cache).
+       python scripts/bench_fp8_gemm.py --precompile [--sweep] [--jobs 2]    (CPU, no GPU)
+--sweep first times fp8.fp8_configs_for's candidates at M = 8 and 16 (block scales) and times the
+best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
+(disk cache, $PLANNER_CACHE_DIR); --precompile only does that (scripts/gpu/fp8_gemm.sh).
 """
 
 from __future__ import annotations
@@ -108,21 +110,25 @@ def read_bandwidth():
     return bw
 
 
+BW_N, BW_K, BW_M = 8 * 6144, 7168, 8  # 352 MB of fp8 weights, 7x the L2
+BW_CFG = fp8.default_fp8_config(BW_M, 6144, BW_K)  # the KDA QKVG kernel's geometry
+
+
 def kernel_bandwidth():
-    """Our kernel's own streaming rate over a 1 GiB fp8 weight (8 x 2112 x 7168 rows x 8)."""
-    n, k, m = 8 * 18432, 7168, 8
+    """Our kernel's own streaming rate over a 352 MB fp8 weight (KDA QKVG config, 8x the rows)."""
+    n, k, m = BW_N, BW_K, BW_M
     w = (torch.randn(n, k, device="cuda") * 2).to(E4M3)
     sb = torch.rand(-(-n // 128), k // 128, device="cuda") * 0.01
     x = (torch.randn(m, k, device="cuda") * 2).to(E4M3)
     sa = torch.rand(m, k // 128, device="cuda") * 0.01
     out = torch.empty(m, n, device="cuda", dtype=BF16)
-    fp8.gemm_fp8(x, w, sa, sb, out)
+    fp8.gemm_fp8(x, w, sa, sb, out, config=BW_CFG)
     torch.cuda.synchronize()
     ts = []
     for _ in range(7):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        fp8.gemm_fp8(x, w, sa, sb, out)
+        fp8.gemm_fp8(x, w, sa, sb, out, config=BW_CFG)
         e1.record()
         e1.synchronize()
         ts.append(e0.elapsed_time(e1) / 1e3)
@@ -420,10 +426,12 @@ def _compile_worker(job):
 
 
 def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log):
+    """Compile every kernel the run needs for sm_90a into the disk cache (no GPU needed), in
+    `jobs` processes (cute.compile is not thread-safe; processes are fine)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    want = set()
+    want = {("fp8", BW_CFG.to_json(), BW_N, BW_K, "block", "block")}
     for n, k in shapes.values():
         for m in ms:
             c = fp8.default_fp8_config(m, n, k)
@@ -438,8 +446,11 @@ def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log):
                     want.add(("fp8", c.to_json(), n, k, "block", "block"))
     jobs_l = [(kd, json.loads(c), n, k, ka, kb_) for kd, c, n, k, ka, kb_ in sorted(want)]
     t0 = time.time()
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
-        errs = [e for e in ex.map(_compile_worker, jobs_l) if e]
+    if jobs <= 1:
+        errs = [e for e in map(_compile_worker, jobs_l) if e]
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
+            errs = [e for e in ex.map(_compile_worker, jobs_l) if e]
     log(f"precompiled {len(jobs_l)} kernels in {jobs} processes in {time.time() - t0:.0f} s "
         f"into {ec.cache_dir()}" + (f"; {len(errs)} failed, first: {errs[0]}" if errs else ""))
 
@@ -447,7 +458,10 @@ def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log):
 # --------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="markdown report (a .json with the numbers next to it)")
+    ap.add_argument("--out", default="/tmp/fp8_gemm/fp8_gemm.md",
+                    help="markdown report (a .json with the numbers next to it)")
+    ap.add_argument("--precompile", action="store_true",
+                    help="only compile the run's kernels for sm_90a into the disk cache (no GPU)")
     ap.add_argument("--ms", default="1-16", help="M values: 1-16 or 1,2,4,8")
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     ap.add_argument("--iters", type=int, default=20)
@@ -463,6 +477,10 @@ def main():
         ms = [int(v) for v in args.ms.split(",")]
     shapes = {k_: v for k_, v in SHAPES.items()
               if not args.shapes or k_ in args.shapes.split(",") or k_.split("_", 1)[1] in args.shapes.split(",")}
+    if args.precompile:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+        precompile(shapes, ms, args.sweep, not args.no_bf16, max(args.jobs, 1), print)
+        return 0
     out = Path(args.out)
     log = Report(out)
     if not torch.cuda.is_available() or not ec.available():
