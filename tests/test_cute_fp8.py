@@ -359,10 +359,10 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
     _need_cutlass()
     if ec.nvdisasm_path() is None:
         pytest.skip("nvdisasm not installed (dev extra nvidia-cuda-nvdisasm)")
-    from executors.cute import _lock, cubin_of, fp8_kernels
-
     import subprocess
     import tempfile
+
+    from executors.cute import _lock, cubin_of, fp8_kernels
 
     for name in ("qkv_a", "mlp_gate_up", "qkvg", "fa_beta"):
         n, k = SHAPES[name]
@@ -420,6 +420,12 @@ def test_ptx_scale_kinds_and_out_dtypes(ka, kb_, out):
         assert stores16 == outs and stores32 == 0 and ptx.count("cvt.rn.bf16.f32") == outs
 
 
+def test_without_pdl_no_griddepcontrol():
+    _need_cutlass()
+    ptx = fp8.compile_fp8_for_arch(Fp8Config(m_tile=8, tiles=2, warps_k=2, pdl=False), 256, 512)
+    assert "griddepcontrol" not in ptx and "mma.sync" in ptx
+
+
 def test_sweep_configs_compile():
     """Every candidate the bench sweeps for a large and a small shape compiles (no local arrays)."""
     _need_cutlass()
@@ -427,6 +433,21 @@ def test_sweep_configs_compile():
         for cfg in fp8.fp8_configs_for(m, n, k):
             ptx = fp8.compile_fp8_for_arch(cfg, n, k)
             assert ".local" not in ptx and "mma.sync" in ptx, cfg.key()
+
+
+def test_kernel_cache_key_covers_the_kernel_sources():
+    """Every package module the kernel code imports is hashed into the disk-cache key, so an edit
+    to any of them recompiles instead of loading a stale kernel."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(fp8.__file__).parent
+    need = {"fp8_kernels.py", "fp8_lane.py"}
+    for name in ("fp8_kernels.py", "fp8_lane.py"):
+        for node in ast.walk(ast.parse((pkg / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                need.add(node.module.split(".")[0] + ".py")
+    assert need <= set(fp8.KERNEL_SOURCES), need - set(fp8.KERNEL_SOURCES)
 
 
 def test_kernel_cache_key_has_kinds_and_dtype():

@@ -17,14 +17,16 @@ Hopper runs fp8 ``mma.sync`` as conversions to f16 plus f16 mma (seen in the SAS
 converts itself, each 32-bit word of 4 e4m3 values once per lane, and issues m16n8k16 f16 mma:
 word j of a 16-byte vector feeds the j-th k16 mma of that 64-wide K step, for x and the weights
 alike, so both operands see the same K permutation. ``hw`` words of every vector go through the
-hardware cvt (F2FP, a slow pipe on sm_90), the others through integer ops (exact, 2^-8 times the
-value, into a second partial that is scaled by 2^16 when the K block is promoted): two pipes
-share the conversion work. See ``bits_words`` for the integer conversion.
+hardware cvt (F2FP, whose throughput on sm_90 is limited: at the HBM floor it would need about
+half of it on its own, an estimate not yet measured), the others through integer ops (exact,
+2^-8 times the value, into a second partial scaled by 2^16 when the K block is promoted): two
+pipes share the conversion work. See ``BITS_PROGRAM`` for the integer conversion.
 
 Public API (torch / cutlass imported lazily: importing this module needs neither):
 
 * ``supports_fp8(m_max, n, k, scale_a_kind, scale_b_kind, device)`` -> None or a reason
-* ``gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=torch.bfloat16)`` -> out
+* ``gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None)`` -> out (out_dtype None: out's
+  dtype when out is given, else torch.bfloat16; torch.float32 also works)
 * ``Fp8Config``, ``default_fp8_config(m, n, k)``, ``fp8_configs_for(m, n, k)``,
   ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
@@ -55,6 +57,7 @@ __all__ = [
     "compile_fp8_for_arch",
     "get_fp8_kernel",
     "dequant_reference",
+    "blockwise_reference",
 ]
 
 BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
@@ -415,10 +418,15 @@ def _out_code(out_dtype) -> int:
     raise ValueError(f"out_dtype {out_dtype} must be bfloat16 or float32")
 
 
+# the files the kernel is built from (part of its disk-cache key; a test checks it covers the
+# package modules fp8_kernels.py and fp8_lane.py import)
+KERNEL_SOURCES = ("fp8.py", "fp8_lane.py", "fp8_kernels.py", "ptx.py", "kernels.py")
+
+
 def _tag(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int, arch: str) -> tuple[str, str]:
     from . import _cutlass_version, _source_hash
 
-    src = _source_hash(("fp8.py", "fp8_kernels.py", "ptx.py", "kernels.py"))
+    src = _source_hash(KERNEL_SOURCES)
     tag = f"{cfg.key()}_n{n}_k{k}_a{a}_b{b}_o{o}_{arch}_{_cutlass_version()}_{src}"
     return "fp8gemm_" + hashlib.sha256(tag.encode()).hexdigest()[:20], tag
 
