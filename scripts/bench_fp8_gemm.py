@@ -26,7 +26,8 @@ Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,
        python scripts/bench_fp8_gemm.py --precompile [--sweep] [--jobs 2]    (CPU, no GPU)
 --sweep first times fp8.fp8_configs_for's candidates at M = 8 and 16 (block scales) and times the
 best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
-(disk cache, $PLANNER_CACHE_DIR); --precompile only does that (scripts/gpu/fp8_gemm.sh).
+(disk cache, $PLANNER_CACHE_DIR); --precompile only does that, for the GPU tests' kernels too
+(scripts/gpu/fp8_gemm.sh).
 """
 
 from __future__ import annotations
@@ -413,11 +414,11 @@ def sweep_shape(name, n, k, args, log, best):
 
 
 def _compile_worker(job):
-    kind, cfg_d, n, k, ka, kb_ = job
+    kind, cfg_d, n, k, ka, kb_, o = job
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     try:
         if kind == "fp8":
-            fp8.get_fp8_kernel(fp8.Fp8Config.from_dict(cfg_d), n, k, ka, kb_, "bfloat16", arch="sm_90a")
+            fp8.get_fp8_kernel(fp8.Fp8Config.from_dict(cfg_d), n, k, ka, kb_, o, arch="sm_90a")
         else:
             ec.get_kernel(ec.Config.from_dict(cfg_d), n, k, arch="sm_90a")
         return None
@@ -425,26 +426,47 @@ def _compile_worker(job):
         return f"{kind} {n}x{k} {cfg_d}: {type(e).__name__}: {str(e)[:200]}"
 
 
-def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log):
+def gpu_test_kernels() -> set:
+    """The fp8 kernels tests/test_cute_fp8.py's GPU tests compile (so gpu_suite.sh does not
+    compile them on the GPU's clock); a kernel missing here is only compiled there."""
+    out = set()
+    for n, k in ((2112, 7168), (3072, 1536), (4096, 512), (512, 7168), (7168, 256), (144, 7168),
+                 (1536, 128), (6144, 7168)):
+        for m in (1, 16):
+            out.add(("fp8", fp8.default_fp8_config(m, n, k).to_json(), n, k, "block", "block", "bfloat16"))
+    for m in (1, 16):
+        c = fp8.default_fp8_config(m, 1000, 1024).to_json()
+        for ka, kb_ in (("tensor", "tensor"), ("row", "col"), ("block", "tensor"), ("tensor", "block"),
+                        ("row", "block"), ("block", "col")):
+            out.add(("fp8", c, 1000, 1024, ka, kb_, "float32"))
+    for m in (4, 12):
+        for c in fp8.fp8_configs_for(m, 2112, 7168):
+            out.add(("fp8", c.to_json(), 2112, 7168, "block", "block", "bfloat16"))
+    return out
+
+
+def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log, tests: bool = False):
     """Compile every kernel the run needs for sm_90a into the disk cache (no GPU needed), in
     `jobs` processes (cute.compile is not thread-safe; processes are fine)."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    want = {("fp8", BW_CFG.to_json(), BW_N, BW_K, "block", "block")}
+    want = {("fp8", BW_CFG.to_json(), BW_N, BW_K, "block", "block", "bfloat16")}
     for n, k in shapes.values():
         for m in ms:
             c = fp8.default_fp8_config(m, n, k)
             for ka, kb_ in (("block", "block"), ("row", "col"), ("tensor", "tensor")):
-                want.add(("fp8", c.to_json(), n, k, ka, kb_))
-            want.add(("fp8", dataclasses.replace(c, pdl=False).to_json(), n, k, "block", "block"))
+                want.add(("fp8", c.to_json(), n, k, ka, kb_, "bfloat16"))
+            want.add(("fp8", dataclasses.replace(c, pdl=False).to_json(), n, k, "block", "block", "bfloat16"))
             if bf16 and ec.supports(m, n, k, BF16, k, n) is None:
-                want.add(("bf16", ec.default_config(m, n, k).to_json(), n, k, "", ""))
+                want.add(("bf16", ec.default_config(m, n, k).to_json(), n, k, "", "", ""))
         if sweep:
             for m in (8, 16):
                 for c in fp8.fp8_configs_for(m, n, k):
-                    want.add(("fp8", c.to_json(), n, k, "block", "block"))
-    jobs_l = [(kd, json.loads(c), n, k, ka, kb_) for kd, c, n, k, ka, kb_ in sorted(want)]
+                    want.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
+    if tests:
+        want |= gpu_test_kernels()
+    jobs_l = [(kd, json.loads(c), n, k, ka, kb_, o) for kd, c, n, k, ka, kb_, o in sorted(want)]
     t0 = time.time()
     if jobs <= 1:
         errs = [e for e in map(_compile_worker, jobs_l) if e]
@@ -479,7 +501,7 @@ def main():
               if not args.shapes or k_ in args.shapes.split(",") or k_.split("_", 1)[1] in args.shapes.split(",")}
     if args.precompile:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-        precompile(shapes, ms, args.sweep, not args.no_bf16, max(args.jobs, 1), print)
+        precompile(shapes, ms, args.sweep, not args.no_bf16, max(args.jobs, 1), print, tests=True)
         return 0
     out = Path(args.out)
     log = Report(out)
