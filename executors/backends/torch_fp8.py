@@ -58,8 +58,9 @@ def gemm_fp8_scaled_mm(a, b, sa, sb, ka: str, kb: str, out_dtype):
         return torch._scaled_mm(a, b.t(), sa.reshape(()), sb.reshape(()), out_dtype=out_dtype)
     if ka == "row":
         return torch._scaled_mm(a, b.t(), sa.reshape(-1, 1), sb.reshape(1, -1), out_dtype=out_dtype)
-    # blockwise (torch >= 2.8 on sm_90): a's 1x128 scales outer-dim-major, b's 128x128 as given
-    return torch._scaled_mm(a, b.t(), sa.t().contiguous().t(), sb, out_dtype=out_dtype)
+    # blockwise (torch >= 2.8 on sm_90): a's 1x128 scales outer-dim-major; b is passed transposed,
+    # so its 128x128 scales go as sb.t() (torch checks that scale_b.t() is the [N/128, K/128] tensor)
+    return torch._scaled_mm(a, b.t(), sa.t().contiguous().t(), sb.t(), out_dtype=out_dtype)
 
 
 def make_gemm_fp8(op, specs):
