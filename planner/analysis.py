@@ -9,7 +9,8 @@ from .graph import Compiled, compatible
 from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 
-__all__ = ["allowed_buckets", "rep_bindings", "op_costs", "simulate", "variant_choice"]
+__all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "simulate", "variant_choice",
+           "issue_order"]
 
 
 class _AnyTensor:
@@ -79,6 +80,17 @@ def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
     return b[len(b) // 2]
 
 
+def largest_bucket(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
+    """The largest allowed bucket: where a scope's memory peaks."""
+    return allowed_buckets(cp, ctx, tuned)[-1]
+
+
+def issue_order(cp: Compiled) -> list[str]:
+    """The order the schedule pass issues ops in (plan order among ready ops)."""
+    index = {o.id: i for i, o in enumerate(cp.plan.ops)}
+    return list(nx.lexicographical_topological_sort(cp.graph, key=lambda v: (index.get(v, 1 << 60), v)))
+
+
 def op_costs(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float]:
     return {v: model.op_us(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
 
@@ -94,10 +106,12 @@ def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
 
 
 def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: float = 1.0,
-             order: list | None = None) -> tuple[float, dict]:
-    """Makespan of the schedule on its streams; ops outside `choice` are skipped.
+             order: list | None = None, assign: dict | None = None) -> tuple[float, dict]:
+    """Makespan of the schedule on its streams; ops outside `choice` (or not in `order`) are skipped.
 
-    Streams run their ops in order; a cross-stream dependency costs event_us.
+    Streams run their ops in issue order; a cross-stream dependency costs event_us, and so
+    does the join of side-stream work back to main. `assign` (op -> stream) overrides the
+    graph's streams, so assign-streams rates a candidate with the same model the report uses.
     Returns (makespan, finish time per op).
     """
     g = cp.graph
@@ -116,8 +130,10 @@ def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: fl
             finish[v] = finish[last] if last is not None else 0.0
             real[v] = real[last] if last is not None else None
             continue
-        s = d["stream"]
+        s = d["stream"] if assign is None else assign[v]
         start = free.get(s, 0.0)
+        if s != "main" and s not in free:
+            start = event_us  # the fork: a side stream first waits for the caller's stream
         for u in preds:
             extra = event_us if real[u] not in (None, s) else 0.0
             start = max(start, finish[u] + extra)

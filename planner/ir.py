@@ -63,6 +63,7 @@ class Plan:
     op_ctx: dict[str, tuple]     # op id -> ((region, variant), ...) guards, outermost first
     locs: dict[str, Loc]         # op id / tensor name -> where it was written
     doc: str | None = None
+    streams: list[str] | None = None  # declared streams (main first); None = main + the planner's pool
     includes: list[str] = field(default_factory=list)
 
     def op(self, op_id: str):

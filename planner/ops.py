@@ -303,6 +303,8 @@ class Extern(OpBase):
     shapes: list[list[DimExpr]] | None = Field(None, description="One shape per result (several results).")
     dtypes: list[str] | None = Field(None, description="One dtype per result (default: dtype for all).")
     cost_us: float | None = Field(None, description="Time estimate for the cost model.")
+    side_stream: bool = Field(True, description="False: the code must run on the caller's stream (it syncs"
+                              " with it or launches on it itself); the planner keeps it on main.")
 
     def inputs(self):
         return list(self.args)

@@ -180,6 +180,7 @@ ops:
 
 def test_pinned_stream_and_single_stream_pool(tmp_path):
     body = """
+streams: [main, comm]
 outputs: [a, b]
 ops:
   - a: gemm(x, w, stream=comm)
@@ -191,12 +192,12 @@ ops:
     assert cp.streams == ["main"] and not cp.events
 
 
-def test_collectives_and_externs_stay_on_main(tmp_path):
+def test_collectives_and_main_only_externs_stay_on_main(tmp_path):
     cp = compiled(tmp_path, """
 outputs: [a, b, c]
 ops:
   - a: all_reduce(gemm(x, w), tp)
-  - b: extern(moe, y, shape=[num_tokens, hidden], cost_us=50)
+  - b: extern(moe, y, shape=[num_tokens, hidden], cost_us=50, side_stream=false)
   - c: gemm(gemm(y, w), v)
 """, H)
     g = cp.graph

@@ -35,6 +35,7 @@ class PlanDoc(BaseModel):
     dims: dict[str, Any] = Field(default_factory=dict)
     groups: dict[str, Any] = Field(default_factory=dict)
     tuned: dict[str, int] = Field(default_factory=dict)
+    streams: list[str] | None = Field(None, description="The streams the plan may use, main first; pins must name one.")
     inputs: dict[str, Any] = Field(default_factory=dict)
     weights: dict[str, Any] = Field(default_factory=dict)
     outputs: list[str] = Field(default_factory=list)

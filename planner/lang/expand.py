@@ -47,7 +47,7 @@ FIELD_KINDS = {
     # fp8, norms, activations, rope, all_to_all, several extern results
     "scale_a": T, "scale_b": T, "w": T, "residual": T, "eps": F, "inplace": B, "approximate": S,
     "q": T, "k": T, "positions": T, "cos_sin_cache": T, "interleave": B, "block": DL,
-    "splits": D, "counts": T, "shapes": DLL, "dtypes": SL,
+    "splits": D, "counts": T, "shapes": DLL, "dtypes": SL, "side_stream": B,
 }
 POSITIONAL = {
     "all_gather": ["x", "group", "dim"], "reduce_scatter": ["x", "group", "dim"],

@@ -27,6 +27,7 @@ __all__ = ["load_plan", "parse_overrides"]
 
 _OP_ADAPTER = TypeAdapter(Op)
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
+_POOL = re.compile(r"^(main|aux\d*)$")  # the planner's pool names, usable without a 'streams:' list
 _FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
@@ -383,6 +384,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         raise PlanError.at(root_src.loc(()), "schema", "the plan has no 'ops' and no 'variants'")
     ex.body(entries, top)
 
+    declared = _streams(root, root_src)
     ops = []
     op_ctx = {}
     seen_ids = {}
@@ -397,6 +399,13 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         if model.stream is not None and not _NAME.match(model.stream):
             raise PlanError.at(raw.field_locs.get("stream", raw.loc), "stream",
                                f"stream name {model.stream!r} is not an identifier (e.g. main, aux, comm)")
+        if model.stream is not None and model.stream not in declared and not (
+                root.streams is None and _POOL.match(model.stream)):
+            known = declared if root.streams is not None else ["main", "aux", "aux1", "aux2", "..."]
+            raise PlanError.at(raw.field_locs.get("stream", raw.loc), "stream",
+                               f"stream '{model.stream}' is not declared (streams: {', '.join(known)})",
+                               "declare it in the plan's 'streams:' list" if root.streams is not None
+                               else "add 'streams: [main, ...]' to the plan to use other names")
         if model.id in seen_ids:
             raise PlanError.at(raw.loc, "dup", f"op id '{model.id}' is used twice (first at {seen_ids[model.id]})")
         seen_ids[model.id] = raw.loc
@@ -415,7 +424,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     return Plan(
         name=root.plan, file=root_src.file, params=params, dims=dims, groups=groups, tuned=tuned,
         tensors=tensors, inputs=inputs, weights=weights, outputs=outputs, ops=ops, regions=regions,
-        op_ctx=op_ctx, locs=locs, doc=root.doc, includes=[s.file for s, _ in tree[:-1]],
+        op_ctx=op_ctx, locs=locs, doc=root.doc, streams=root.streams and declared, includes=[s.file for s, _ in tree[:-1]],
     )
 
 
@@ -430,6 +439,23 @@ class _Union:
 
     def __iter__(self):
         return iter(set(self.a) | set(self.b))
+
+
+def _streams(root, src) -> list[str]:
+    """The declared streams (main first), or main + the planner's pool names when none are declared."""
+    if root.streams is None:
+        return ["main"]
+    out = []
+    for i, name in enumerate(root.streams):
+        loc = src.loc(("streams", i))
+        if not _NAME.match(name):
+            raise PlanError.at(loc, "stream", f"stream name {name!r} is not an identifier (e.g. main, aux, comm)")
+        if name in out:
+            raise PlanError.at(loc, "dup", f"stream '{name}' is declared twice")
+        out.append(name)
+    if not out or out[0] != "main":
+        raise PlanError.at(src.loc(("streams",)), "stream", "'streams' must list main (the caller's stream) first")
+    return out
 
 
 def _region_entry(root, src, params, outputs):

@@ -1,91 +1,233 @@
-"""assign-streams: put independent branches on a small pool of streams.
+"""assign-streams: put independent work on a small pool of streams, where it pays at every size.
 
-Pre: fusion done. Post: every op has `stream` in cp.streams. The pool is
-"main" (the caller's current stream) plus num_streams-1 aux streams shared by
-every layer: never a stream per layer. Explicit `stream:` annotations are
-honoured. Collectives and opaque `extern` ops stay on main unless pinned (one
-communicator must not be driven from two streams; opaque code may use streams of
-its own). Views follow their input.
+Pre: fusion done. Post: every op has `stream` in cp.streams; cp.report[NAME] says, per
+scope, what was decided and the scheduled estimate it rests on.
 
-Each variant context is scheduled on its own with a list scheduler (highest
-upward rank first, each op on the stream where it finishes earliest, a
-cross-stream dependency costing one event). If the resulting makespan does not
-beat the single-stream time by cfg.min_gain_us, the scope stays on main and
-the report says why. This pass only annotates: derive-events turns the
-annotations into records and waits.
+Streams are declared: the plan's `streams:` list (main first), or main plus the
+planner's pool (main + num_streams-1 aux streams shared by every layer: never a stream
+per layer). `--streams N` bounds all of them: pins to a stream beyond the first N are
+folded onto main, and the report lists each fold with its location.
+
+Pins constrain, they do not disable: a pinned op is fixed, and the rest of its scope is
+still planned and checked. Collectives stay on main unless pinned (one communicator is
+driven from one stream, in one order on every rank); externs that declare
+`side_stream: false` stay on main; every other op, model code included, may move.
+Views follow their input.
+
+One consistent decision: every candidate assignment is rated with analysis.simulate
+over the issue order the schedule pass will use (plan order among ready ops), at every
+bucket the scope can see (its gates' dims). Candidates: serial, a list schedule per
+representative bucket, and a local search from each. A candidate is admissible only if
+its scheduled time is no worse than serial at every bucket and it saves min_gain_us at
+some bucket; of those, the one with the smallest worst-case loss against the best
+candidate at each bucket wins. If none is admissible the scope stays serial and the
+report says why. A final check simulates each plan variant as a whole and returns
+scopes to serial while any bucket is rated slower than serial. This pass only
+annotates: derive-events turns the annotations into records and waits.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from ..analysis import rep_bindings
+from ..analysis import allowed_buckets, issue_order, simulate, variant_choice
 from ..cost import CostModel
-from ..graph import Compiled
+from ..graph import Compiled, compatible
 from ..ops import COLLECTIVES, VIEW_OPS
 
 NAME = "assign-streams"
-STAY_ON_MAIN = COLLECTIVES | {"extern"}
+SEARCH_MAX_OPS = 48       # local search only in scopes this small (per move: one simulate per bucket)
+SEARCH_BUCKETS = 5        # buckets rated during the search; every bucket rates the finalists
+LARGE_SCOPE = 2000        # above this many ops, rate three buckets only (compile time)
 
 
 def pool(n: int) -> list[str]:
     return ["main"] + (["aux"] if n == 2 else [f"aux{i}" for i in range(1, n)])
 
 
+def stays_on_main(op) -> bool:
+    return op.op in COLLECTIVES or (op.op == "extern" and not op.side_stream)
+
+
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     g = cp.graph
-    streams = pool(max(1, cfg.num_streams))
-    pinned = {v: d["op"].stream for v, d in g.nodes(data=True) if d["op"].stream}
-    for s in pinned.values():
-        if s not in streams:
-            streams.append(s)
+    n = max(1, cfg.num_streams)
+    declared = cp.plan.streams
+    streams = list(declared[:n]) if declared else pool(n)
+    pinned, folded = {}, []
+    for v, d in g.nodes(data=True):
+        s = d["op"].stream
+        if not s:
+            continue
+        if s in streams:
+            pinned[v] = s
+        else:
+            pinned[v] = "main"
+            loc = cp.plan.locs.get(v)
+            folded.append(f"{v} pinned to {s} -> main (--streams {n} allows {', '.join(streams)})"
+                          + (f" at {loc}" if loc else ""))
     cp.streams = streams
     model = CostModel(cfg.profile, cp.plan.groups)
     tuned = {**cp.plan.tuned, **cfg.tuned}
+    ev = cfg.profile.event_us
+    order = issue_order(cp)
     scopes: dict[tuple, list[str]] = {}
-    for v, d in g.nodes(data=True):
-        scopes.setdefault(d["ctx"], []).append(v)
-    decisions: dict[str, list] = {}
-    changed = False
+    for v in order:
+        scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
+    assign: dict[str, str] = {}
+    decisions: dict[tuple, dict] = {}
     for ctx, nodes in scopes.items():
-        binding = rep_bindings(cp, ctx, tuned)
-        costs = {v: model.op_us(g.nodes[v]["op"], cp.tensors, binding) for v in nodes}
-        assign, span, serial = _schedule(cp, nodes, costs, streams, pinned, cfg.profile.event_us)
-        used = sorted({s for s in assign.values() if s != "main"})
+        buckets = allowed_buckets(cp, ctx, tuned)
+        if len(nodes) > LARGE_SCOPE:
+            buckets = _spread(buckets, 3)
+        costs = [{v: model.op_us(g.nodes[v]["op"], cp.tensors, b) for v in nodes} for b in buckets]
+        a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us)
+        assign.update(a)
+        decisions[ctx] = info
+    _check_variants(cp, assign, decisions, scopes, model, tuned, ev, pinned)
+    changed = False
+    for v in g.nodes:
+        if g.nodes[v]["stream"] != assign[v]:
+            g.nodes[v]["stream"] = assign[v]
+            changed = True
+    grouped: dict[str, list[str]] = {}
+    for ctx, info in decisions.items():
         label = " / ".join(f"{r}:{v}" for r, v in ctx) or "(always)"
-        if used and not any(v in pinned for v in nodes) and serial - span < cfg.min_gain_us:
-            msg = (f"kept on main: {len(used)} extra stream(s) would give {span:.1f} us vs {serial:.1f} us"
-                   f" serial; the fork/join does not pay (min gain {cfg.min_gain_us:g} us)")
-            assign = {v: pinned.get(v, "main") for v in nodes}
-        elif used:
-            moved = sum(1 for v in nodes if assign[v] != "main" and costs[v] > 0)
-            msg = (f"{moved} op(s) on {', '.join(used)}: {span:.1f} us vs {serial:.1f} us serial"
-                   f" (saves {serial - span:.1f} us at {_fmt_binding(binding)})")
-        else:
-            msg = f"single stream: no independent work worth overlapping ({serial:.1f} us)"
-        decisions.setdefault(msg, []).append(label)
-        for v in nodes:
-            if g.nodes[v]["stream"] != assign[v]:
-                g.nodes[v]["stream"] = assign[v]
-                changed = True
-    cp.report[NAME] = [{"scopes": labels, "decision": msg} for msg, labels in decisions.items()]
+        grouped.setdefault(_text(info), []).append(label)
+    cp.report[NAME] = [{"scopes": labels, "decision": msg} for msg, labels in grouped.items()]
+    cp.report[NAME + ":scopes"] = [{"scope": [list(x) for x in ctx], **{k: v for k, v in info.items() if k != "text"}}
+                                   for ctx, info in decisions.items()]
+    if folded:
+        cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
     return cp, changed
 
 
-def _fmt_binding(b: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in b.items()) or "static shapes"
+# ---------------------------------------------------------------- one scope
+
+def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
+    g = cp.graph
+    movable = [v for v in nodes if v not in pinned and g.nodes[v]["op"].op not in VIEW_OPS
+               and not stays_on_main(g.nodes[v]["op"])]
+    serial_a = _views_follow(cp, nodes, {v: pinned.get(v, "main") for v in nodes})
+    serial = [sum(c.values()) for c in costs]  # everything on the caller's stream, one after another
+
+    def rate(a, which=None):
+        idx = range(len(buckets)) if which is None else which
+        return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a)[0] for i in idx]
+
+    cands = {_key(serial_a): serial_a}
+    if len(streams) > 1 and movable:
+        for i in sorted(set(_spread_idx(len(buckets), 3))):
+            a = _views_follow(cp, nodes, _list_schedule(cp, nodes, costs[i], streams, pinned, ev))
+            cands.setdefault(_key(a), a)
+        if len(movable) <= SEARCH_MAX_OPS:
+            probe = _spread_idx(len(buckets), SEARCH_BUCKETS)
+            for start in list(cands.values()):
+                a = _local_search(cp, nodes, movable, start, streams, [serial[i] for i in probe],
+                                  lambda x: rate(x, probe))
+                cands.setdefault(_key(a), a)
+    rated = {k: rate(a) for k, a in cands.items()}
+    best = [min(r[i] for r in rated.values()) for i in range(len(buckets))]
+    pins_only = _key(serial_a)
+
+    def worst_loss(k):
+        return max(r - b for r, b in zip(rated[k], best, strict=True))
+
+    ok = [k for k in cands if k != pins_only
+          and all(r <= s + 1e-9 for r, s in zip(rated[k], serial, strict=True))
+          and max(s - r for r, s in zip(rated[k], serial, strict=True)) >= min_gain]
+    info = {"buckets": buckets, "serial_us": [round(s, 2) for s in serial]}
+    if ok:
+        k = min(ok, key=lambda k: (round(worst_loss(k), 6), sum(rated[k]), _moved(cands[k])))
+        chosen, why = cands[k], "chosen"
+    else:
+        k, chosen = pins_only, serial_a
+        why = "pinned" if _moved(serial_a) else "serial"
+    sched = rated[k]
+    # does the best decision differ across buckets? (then the choice is the smallest worst-case loss)
+    winners = {min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk]))) for i in range(len(buckets))}
+    info.update(scheduled_us=[round(s, 2) for s in sched], mode=why, moved=_moved(chosen),
+                used=sorted({s for s in chosen.values() if s != "main"}),
+                pinned=sum(1 for v in nodes if v in pinned),
+                differs=len(winners) > 1, worst_loss_us=round(worst_loss(k), 2),
+                best_multi=_best_multi(rated, cands, pins_only, serial, buckets))
+    return chosen, info
 
 
-def _schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[str], pinned: dict, ev: float):
+def _best_multi(rated, cands, pins_only, serial, buckets):
+    """The best rejected multi-stream candidate (for the report's 'why not')."""
+    others = [k for k in cands if k != pins_only and _moved(cands[k])]
+    if not others:
+        return None
+    k = min(others, key=lambda k: max(r - s for r, s in zip(rated[k], serial, strict=True)))
+    worst = max(range(len(buckets)), key=lambda i: rated[k][i] - serial[i])
+    best = max(range(len(buckets)), key=lambda i: serial[i] - rated[k][i])
+    return {"worst_at": buckets[worst], "worst_us": round(rated[k][worst], 2), "worst_serial_us": round(serial[worst], 2),
+            "best_gain_us": round(serial[best] - rated[k][best], 2)}
+
+
+def _moved(a: dict) -> int:
+    return sum(1 for s in a.values() if s != "main")
+
+
+def _key(a: dict) -> tuple:
+    return tuple(sorted(a.items()))
+
+
+def _spread_idx(n: int, k: int) -> list[int]:
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def _spread(buckets: list, k: int) -> list:
+    return [buckets[i] for i in _spread_idx(len(buckets), k)]
+
+
+def _views_follow(cp, nodes, a: dict) -> dict:
+    """Views run where their input's producer runs (they do no work of their own)."""
+    g = cp.graph
+    out = dict(a)
+    for v in nodes:
+        d = g.nodes[v]
+        if d["op"].op in VIEW_OPS and not d["op"].stream:
+            preds = [u for u in g.predecessors(v) if u in out]
+            out[v] = out[preds[0]] if preds else "main"
+    return out
+
+
+def _local_search(cp, nodes, movable, start, streams, serial, rate):
+    """Greedy best-improvement moves of one op to another stream; objective: worst ratio to serial."""
+    def score(a):
+        r = rate(a)
+        return (max(x / s if s else 1.0 for x, s in zip(r, serial, strict=True)), sum(r))
+    cur = start
+    cur_s = score(cur)
+    for _ in range(2 * len(movable)):
+        best = None
+        for v in movable:
+            for s in streams:
+                if s == cur[v]:
+                    continue
+                a = _views_follow(cp, nodes, {**cur, v: s})
+                sc = score(a)
+                if sc < cur_s and (best is None or sc < best[0]):
+                    best = (sc, a)
+        if best is None or best[0][0] > cur_s[0] - 1e-9 and best[0][1] > cur_s[1] - 1e-6:
+            break
+        cur_s, cur = best
+    return cur
+
+
+def _list_schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[str], pinned: dict, ev: float):
+    """Highest upward rank first, each op on the stream where it finishes earliest."""
     g = cp.graph
     inside = set(nodes)
-    # upward rank: longest remaining path
     rank: dict[str, float] = {}
-    order = _topo(g, nodes, inside)
-    for v in reversed(order):
+    for v in reversed(nodes):
         rank[v] = costs[v] + max((rank[s] for s in g.successors(v) if s in inside), default=0.0)
     indeg = {v: sum(1 for u in g.predecessors(v) if u in inside) for v in nodes}
-    pos = {v: i for i, v in enumerate(order)}
+    pos = {v: i for i, v in enumerate(nodes)}
     ready = [(-rank[v], pos[v], v) for v in nodes if indeg[v] == 0]
     heapq.heapify(ready)
     free = {s: 0.0 for s in streams}
@@ -99,26 +241,17 @@ def _schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[str], p
         for u in g.predecessors(v):
             if u in inside:
                 preds += real[u] if u in real else [u]
-        outside = g.in_degree(v) > sum(1 for u in g.predecessors(v) if u in inside) or not op.inputs() or any(
-            cp.tensors[n].producer is None for n in op.inputs())
         if op.op in VIEW_OPS and v not in pinned:
             real[v] = preds
             finish[v] = max((finish[u] for u in preds), default=0.0)
             assign[v] = assign[preds[0]] if preds else "main"
         else:
-            if v in pinned:
-                options = [pinned[v]]
-            elif op.op in STAY_ON_MAIN:
-                options = ["main"]
-            else:
-                options = streams
+            options = [pinned[v]] if v in pinned else ["main"] if stays_on_main(op) else streams
             best = None
             for s in options:
-                start = free[s]
+                start = max(free[s], ev if s != "main" else 0.0)
                 for u in preds:
                     start = max(start, finish[u] + (ev if assign[u] != s else 0.0))
-                if s != "main" and outside:
-                    start = max(start, ev)  # fork: wait for the caller's stream
                 f = start + costs[v]
                 if best is None or f < best[0] - 1e-9:
                     best = (f, s)
@@ -129,25 +262,79 @@ def _schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[str], p
                 indeg[s] -= 1
                 if indeg[s] == 0:
                     heapq.heappush(ready, (-rank[s], pos[s], s))
-    span = max(finish.values(), default=0.0)
-    if any(s != "main" for s in assign.values()):
-        span += ev
-    serial = sum(costs.values())
-    return assign, span, serial
+    return assign
 
 
-def _topo(g, nodes, inside):
-    indeg = {v: sum(1 for u in g.predecessors(v) if u in inside) for v in nodes}
-    idx = {v: i for i, v in enumerate(nodes)}
-    ready = [(idx[v], v) for v in nodes if indeg[v] == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, v = heapq.heappop(ready)
-        out.append(v)
-        for s in g.successors(v):
-            if s in inside:
-                indeg[s] -= 1
-                if indeg[s] == 0:
-                    heapq.heappush(ready, (idx[s], s))
-    return out
+# ---------------------------------------------------------------- whole variants
+
+def _check_variants(cp, assign, decisions, scopes, model, tuned, ev, pinned):
+    """Simulate each plan variant as a whole; a scope whose overlap loses against serial at
+    some bucket goes back to serial (scopes interact on shared streams)."""
+    g = cp.graph
+    names = sorted({v.name for vs in cp.variants.values() for v in vs}) or [None]
+    for name in names:
+        choice = variant_choice(cp, name) if name else {}
+        cc = tuple(sorted(choice.items()))
+        ctxs = [c for c in scopes if compatible(cc, c)]
+        nodes = [v for c in ctxs for v in scopes[c]]
+        order = [v for v in issue_order(cp) if v in set(nodes)]
+        for _ in range(len(ctxs)):
+            multi = [c for c in ctxs if decisions[c]["mode"] == "chosen"]
+            if not multi:
+                break
+            bad = None
+            bks = allowed_buckets(cp, cc, tuned) if name else allowed_buckets(cp, (), tuned)
+            for b in bks if len(order) <= LARGE_SCOPE else _spread(bks, 3):
+                costs = {v: model.op_us(g.nodes[v]["op"], cp.tensors, b) for v in order}
+                span = simulate(cp, costs, event_us=ev, order=order, assign=assign)[0]
+                if span > sum(costs.values()) + 1e-9:
+                    bad = (b, span, sum(costs.values()))
+                    break
+            if bad is None:
+                break
+            c = max(multi, key=lambda c: len(scopes[c]))
+            for v in scopes[c]:
+                assign[v] = pinned.get(v, "main")
+            assign.update(_views_follow(cp, scopes[c], {v: assign[v] for v in scopes[c]}))
+            decisions[c].update(mode="variant", at=bad[0], variant=name or "(plan)",
+                                variant_us=round(bad[1], 2), variant_serial_us=round(bad[2], 2),
+                                scheduled_us=decisions[c]["serial_us"], moved=0, used=[])
+
+
+# ---------------------------------------------------------------- report text
+
+def _fmt(b: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in b.items()) or "static shapes"
+
+
+def _text(info: dict) -> str:
+    bk, ser, sch = info["buckets"], info["serial_us"], info["scheduled_us"]
+    span = f"{_fmt(bk[0])}" + (f" .. {_fmt(bk[-1])}" if len(bk) > 1 else "")
+    pins = f"; {info['pinned']} pinned op(s) kept where pinned" if info["pinned"] else ""
+    if info["mode"] == "chosen":
+        gains = [s - r for s, r in zip(ser, sch, strict=True)]
+        lo, hi = min(range(len(bk)), key=lambda i: gains[i]), max(range(len(bk)), key=lambda i: gains[i])
+        how = ""
+        if info["differs"]:
+            how = (f"; the best assignment differs across buckets: chose the one with the smallest worst-case"
+                   f" loss ({info['worst_loss_us']:.1f} us)")
+        least = f", {sch[lo]:.1f} vs {ser[lo]:.1f} us at {_fmt(bk[lo])}" if lo != hi else ""
+        return (f"{info['moved']} op(s) on {', '.join(info['used'])}: scheduled {sch[hi]:.1f} us vs {ser[hi]:.1f} us"
+                f" serial at {_fmt(bk[hi])} (saves {gains[hi]:.1f} us){least}; never slower than serial over"
+                f" {span}{how}{pins}")
+    if info["mode"] == "pinned":
+        worst = max(range(len(bk)), key=lambda i: sch[i] - ser[i])
+        slower = " (slower than serial: the pins force it)" if sch[worst] > ser[worst] + 1e-9 else ""
+        return (f"as pinned: {info['moved']} pinned op(s) on {', '.join(info['used'])}, nothing else moves with"
+                f" profit; scheduled {sch[worst]:.1f} us vs {ser[worst]:.1f} us serial at {_fmt(bk[worst])}{slower}")
+    if info["mode"] == "variant":
+        return (f"serial: the overlap made variant {info['variant']} {info['variant_us']:.1f} us vs"
+                f" {info['variant_serial_us']:.1f} us serial at {_fmt(info['at'])}{pins}")
+    bm = info.get("best_multi")
+    if bm is None:
+        return f"single stream: no independent work to overlap ({ser[-1]:.1f} us at {_fmt(bk[-1])}){pins}"
+    if bm["worst_us"] > bm["worst_serial_us"] + 1e-9:
+        return (f"serial: the best overlap would be {bm['worst_us']:.1f} us vs {bm['worst_serial_us']:.1f} us"
+                f" serial at {_fmt(bm['worst_at'])} (slower than serial at a bucket the scope sees){pins}")
+    return (f"serial: the best overlap saves {bm['best_gain_us']:.1f} us at most over {span};"
+            f" the fork/join does not pay{pins}")
