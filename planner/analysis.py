@@ -45,6 +45,24 @@ def _optimistic_facts(cp: Compiled, dims: dict, tuned: dict) -> Facts:
     return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, tensors=_LazyTensors(cp.tensors, dims))
 
 
+def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = None) -> bool:
+    variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in cp.plan.regions.items()}
+    facts = _optimistic_facts(cp, b, tuned)
+    for rid, vname in ctx:
+        for v in variants.get(rid, []):
+            if v.name == vname:
+                if v.when is not None:
+                    gate = None if gates is None else gates.get(id(v.when))
+                    if gate is None:
+                        gate = compile_gate(v.when)
+                        if gates is not None:
+                            gates[id(v.when)] = gate
+                    if not gate(facts):
+                        return False
+                break
+    return True
+
+
 def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
     """Dim bindings (from the dims' buckets) under which every gate of `ctx` can hold."""
     plan = cp.plan
@@ -53,24 +71,8 @@ def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
         return [{}]
     first = plan.dims[names[0]]
     cands = [{**{n: plan.dims[n].hi for n in names[1:]}, names[0]: b} for b in first.buckets]
-    variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in plan.regions.items()}
     gates: dict = {}  # one compiled gate per variant (repeated layers share the same few)
-    out = []
-    for b in cands:
-        ok = True
-        facts = _optimistic_facts(cp, b, tuned)
-        for rid, vname in ctx:
-            for v in variants.get(rid, []):
-                if v.name == vname:
-                    if v.when is not None:
-                        gate = gates.get(id(v.when))
-                        if gate is None:
-                            gate = gates[id(v.when)] = compile_gate(v.when)
-                        if not gate(facts):
-                            ok = False
-                    break
-        if ok:
-            out.append(b)
+    out = [b for b in cands if _holds(cp, ctx, b, tuned, gates)]
     return out or cands
 
 
@@ -81,8 +83,23 @@ def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
 
 
 def largest_bucket(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
-    """The largest allowed bucket: where a scope's memory peaks."""
-    return allowed_buckets(cp, ctx, tuned)[-1]
+    """The largest size a scope's gates allow (where its memory peaks): the largest allowed
+    bucket, raised towards the next bucket while the gates still hold (num_tokens < 16 -> 15)."""
+    allowed = allowed_buckets(cp, ctx, tuned)
+    top = allowed[-1]
+    names = list(cp.plan.dims)
+    if not names:
+        return top
+    d = cp.plan.dims[names[0]]
+    above = [x for x in d.buckets if x > top[names[0]]]
+    lo, hi = top[names[0]], (above[0] if above else d.hi + 1)
+    while hi - lo > 1:  # gates over a dim are monotone between two buckets in every shipped form
+        mid = (lo + hi) // 2
+        if _holds(cp, ctx, {**top, names[0]: mid}, tuned):
+            lo = mid
+        else:
+            hi = mid
+    return {**top, names[0]: lo}
 
 
 def issue_order(cp: Compiled) -> list[str]:

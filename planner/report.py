@@ -2,7 +2,7 @@
 
 JSON contract (docs/cli.md): {"plan", "file", "params", "dims", "groups", "streams",
 "ops": [{"id", "op", "stream", "inputs", "outputs", "shapes", "waits_on", "records",
-"fused_from", "when", "region", "variant", "cost_us", "attrs"}], "variants": [...],
+"fused_from", "when", "region", "variant", "cost_us", "cost_at", "attrs"}], "variants": [...],
 "events", "exit_waits", "fusion", "stream_decisions", "critical_path", "memory",
 "passes"}. Keys are emitted in a fixed order; same plan, same bytes.
 """
@@ -61,10 +61,26 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
     return out
 
 
+def op_cost_table(cp: Compiled, cfg) -> dict[str, tuple[float, dict]]:
+    """op -> (estimated us, bindings): each op costed at its scope's representative bucket."""
+    model = CostModel(cfg.profile, cp.plan.groups)
+    tuned = {**cp.plan.tuned, **cfg.tuned}
+    at: dict[tuple, dict] = {}
+    out = {}
+    for v, d in cp.graph.nodes(data=True):
+        ctx = d["ctx"]
+        if ctx not in at:
+            allowed = allowed_buckets(cp, ctx, tuned)
+            at[ctx] = allowed[len(allowed) // 2]
+        out[v] = (round(model.op_us(d["op"], cp.tensors, at[ctx]), 3), at[ctx])
+    return out
+
+
 def to_json(cp: Compiled, cfg) -> dict:
     plan = cp.plan
     g = cp.graph
     ops = []
+    costs = op_cost_table(cp, cfg)
     for v in cp.schedule:
         d = g.nodes[v]
         op = d["op"]
@@ -79,7 +95,7 @@ def to_json(cp: Compiled, cfg) -> dict:
             "fused_from": list(getattr(op, "fused_from", []) or []),
             "when": _gate_of(cp, ctx),
             "region": ctx[-1][0] if ctx else None, "variant": ctx[-1][1] if ctx else None,
-            "cost_us": d.get("cost_us"),
+            "cost_us": costs[v][0], "cost_at": costs[v][1],
             "out_slot": _slot(d.get("out_slot")),
             "attrs": attrs,
         })
@@ -267,12 +283,21 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if isinstance(mem, dict):
         L.append("")
         b = ", ".join(f"{k}={v}" for k, v in mem["bindings"].items())
-        L.append(st.bold("Memory") + st.dim(f"  (activations, lifetime-based, at {b or 'static shapes'})"))
+        L.append(st.bold("Memory") + st.dim("  (activations, lifetime-based, per variant at the largest size its"
+                                            " gates allow)"))
         for n, m in mem["variants"].items():
-            L.append(f"  {n:<16} peak {_mib(m['peak_bytes'])} at {m['peak_at']}")
+            at = ", ".join(f"{k}={v}" for k, v in m.get("bindings", mem["bindings"]).items()) or "static shapes"
+            L.append(f"  {n:<16} peak {_mib(m['peak_bytes'])} at {m['peak_at']} ({at})")
         L.append(f"  weights {_mib(mem['weights_bytes'])}, inputs {_mib(mem['inputs_bytes'])};"
                  f" fusion added {_mib(mem['fusion_added_bytes'])} (copies of members not written in place)")
     return "\n".join(L) + "\n"
+
+
+def _sig(cp: Compiled, v: str) -> str:
+    d = cp.graph.nodes[v]
+    op = d["op"]
+    shapes = ",".join(fmt_shape(cp.tensors[n].shape) + cp.tensors[n].dtype for n in op.out if n in cp.tensors)
+    return f"{op.op}|{shapes}|{d['stream']}"
 
 
 def _schedule_lines(cp: Compiled, st, full: bool) -> list[str]:
@@ -280,15 +305,26 @@ def _schedule_lines(cp: Compiled, st, full: bool) -> list[str]:
     out = []
     shown: dict[str, int] = {}
     skipped = 0
+    region_sig: dict[str, str] = {}
+    if not full:
+        parts: dict[str, list] = {}
+        for v in cp.schedule:
+            ctx = g.nodes[v]["ctx"]
+            if ctx:
+                parts.setdefault(ctx[0][0], []).append(_norm(v) + ":" + _sig(cp, v))
+        region_sig = {r: str(hash(tuple(p))) for r, p in parts.items()}
     for v in cp.schedule:
         d = g.nodes[v]
         ctx = d["ctx"]
         if not full:
-            # repeated layers: show the first region of a kind, and two of each repeated op
+            # repeated layers: show the first region of a kind, and two of each repeated op; ops are
+            # alike only when their names differ in numbers alone and kind, shapes and stream agree
             key = _norm(ctx[0][0] + "|" + v) if ctx else _norm(v)
+            key += "|" + _sig(cp, v)
             limit = 1 if ctx else 2
             if ctx:
-                first = shown.setdefault("region:" + _norm(ctx[0][0]), ctx[0][0])
+                rk = "region:" + _norm(ctx[0][0]) + "|" + region_sig[ctx[0][0]]
+                first = shown.setdefault(rk, ctx[0][0])
                 if first != ctx[0][0]:
                     skipped += 1
                     continue
@@ -312,7 +348,7 @@ def _schedule_lines(cp: Compiled, st, full: bool) -> list[str]:
         indent = "" if lane == "main" else " " * 6
         out.append(f"  {st.dim(lane):<6} {indent}{gate}{op.op} {v} -> {shapes}" + (f"  ({'; '.join(extra)})" if extra else ""))
     if skipped:
-        out.append(st.dim(f"  ... and {skipped} more ops in repeated regions and layers (--full lists them)"))
+        out.append(st.dim(f"  ... and {skipped} more ops alike in repeated regions and layers (--full lists them)"))
     if cp.exit_waits:
         out.append(f"  main   exit: {st.yellow('wait ' + ', '.join(cp.exit_waits))}")
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from ..analysis import op_costs, rep_bindings
+from ..analysis import allowed_buckets, op_costs, rep_bindings
 from ..cost import CostModel
 from ..expr import Bin, Num, unparse
 from ..graph import Compiled, rebuild_edges
@@ -165,30 +165,48 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if not buckets:
         return cp, False
 
-    # profitability: one packed collective (plus copies of members that cannot be written in
-    # place) must beat the separate collectives at the representative size
-    binding = rep_bindings(cp, (), tuned)
+    # profitability, decided at every bucket the bucket's scope can see: fuse when the packed
+    # collective's worst-case loss against the better choice per bucket is smaller than the
+    # separate collectives' (a bucket rated slower than separate at some size is not fused blindly)
     kept = []
     for members in buckets:
-        sep, fused = _estimate(cp, cfg, model, members, binding)
-        if fused >= sep:
-            report["not_fused"].append({"ops": members[:2], "reason": (
-                f"unprofitable: packed {fused:.1f} us vs {sep:.1f} us separate at "
-                + ", ".join(f"{k}={v}" for k, v in binding.items()))})
+        ctx = g.nodes[members[0]]["ctx"]
+        rows = []
+        for b in allowed_buckets(cp, ctx, tuned):
+            sep, fused = _estimate(cp, cfg, model, members, b)
+            rows.append((b, sep, fused))
+        loss_fused = max(f - min(s, f) for _, s, f in rows)
+        loss_sep = max(s - min(s, f) for _, s, f in rows)
+        worst = max(rows, key=lambda r: r[2] - r[1])
+        best = max(rows, key=lambda r: r[1] - r[2])
+        if loss_fused >= loss_sep:
+            slower = f"packed {worst[2]:.1f} us vs {worst[1]:.1f} us separate at {_at(worst[0])}"
+            reason = (f"unprofitable: {slower}" if best[2] >= best[1] else
+                      f"not fused at every size: {slower}, a larger worst-case loss ({loss_fused:.1f} us) than"
+                      f" not fusing ({loss_sep:.1f} us, at most {best[1] - best[2]:.1f} us at {_at(best[0])})")
+            report["not_fused"].append({"ops": members[:2], "reason": reason})
         else:
-            kept.append((members, sep, fused))
+            kept.append((members, rows, loss_fused, loss_sep))
     if not kept:
         return cp, False
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, probes)
-    for n, (members, sep, fused) in enumerate(sorted(kept, key=lambda b: pos[b[0][0]])):
+    for n, (members, rows, loss_fused, loss_sep) in enumerate(sorted(kept, key=lambda b: pos[b[0][0]])):
         b = _rewrite(cp, cfg, members, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx)
-        b["estimate"] = {"separate_us": round(sep, 2), "packed_us": round(fused, 2),
-                         "at": dict(binding)}
+        mid = rows[len(rows) // 2]
+        b["estimate"] = {"separate_us": round(mid[1], 2), "packed_us": round(mid[2], 2), "at": dict(mid[0]),
+                         "per_bucket": [{"at": dict(at), "separate_us": round(sep, 2), "packed_us": round(f, 2)}
+                                        for at, sep, f in rows],
+                         "decision": "packed at every bucket" if loss_fused == 0 else
+                         f"smallest worst-case loss: {loss_fused:.1f} us packed vs {loss_sep:.1f} us separate"}
         report["buckets"].append(b)
-    buckets = [m for m, _, _ in kept]
+    buckets = [m for m, _, _, _ in kept]
     report["after"] = report["before"] - sum(len(b) - 1 for b in buckets)
     rebuild_edges(cp)
     return cp, True
+
+
+def _at(b: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in b.items()) or "static shapes"
 
 
 def _can_write_in_place(cp: Compiled, cfg, x: str, ctx) -> bool:
@@ -219,6 +237,9 @@ def _estimate(cp: Compiled, cfg, model, members, binding) -> tuple[float, float]
     else:
         received = 2 * moved_in * (w - 1) / w
     coll = p.coll_latency_us + received / (p.coll_gbps * 1e3) if w > 1 else p.kernel_us
+    if w > 1 and ops[0].op == "all_gather" and p.p2p_gbps > 0 and moved_in >= p.p2p_min_bytes:
+        # the same choice the cost model makes for one gather (copy-engine pushes when available)
+        coll = min(coll, p.p2p_latency_us + received / (p.p2p_gbps * 1e3))
     copied = sum(nbytes_at(cp.tensors[o.x], binding) for o in ops if not _can_write_in_place(cp, cfg, o.x, ctx))
     pack = p.kernel_us + 2 * copied / (p.hbm_gbps * 1e3) if copied else 0.0
     return sep, coll + pack

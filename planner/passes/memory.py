@@ -1,14 +1,15 @@
 """estimate-memory: lifetime-based peak activation memory (analysis only).
 
 Pre: a schedule. Post: cp.report['estimate-memory'] with, per plan variant, the
-peak bytes of activations at the dims' maximum, where it peaks, and the weight
-and input bytes. Views share their base's storage; a packed buffer that
+peak bytes of activations at that variant's largest bucket (the largest size its
+gates allow: a variant gated to num_tokens < 16 is reported at 15 tokens, not at
+the dims' maximum), where it peaks, and the weight and input bytes. Views share their base's storage; a packed buffer that
 producers write into is allocated at its first writer; outputs live to the end.
 """
 
 from __future__ import annotations
 
-from ..analysis import variant_choice
+from ..analysis import largest_bucket, variant_choice
 from ..graph import Compiled, compatible
 from ..shapes import nbytes_at
 
@@ -65,8 +66,10 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     names = sorted({v.name for vs in cp.variants.values() for v in vs})
     out = {"bindings": upper, "variants": {}}
     choices = {n: variant_choice(cp, n) for n in names} or {"(plan)": None}
+    tuned = {**cp.plan.tuned, **cfg.tuned}
     for n, choice in choices.items():
-        out["variants"][n] = peak(cp, choice, upper)
+        at = largest_bucket(cp, tuple(sorted((choice or {}).items())), tuned)
+        out["variants"][n] = {**peak(cp, choice, at), "bindings": at}
     out["weights_bytes"] = sum(nbytes_at(cp.tensors[w], upper) for w in cp.plan.weights)
     out["inputs_bytes"] = sum(nbytes_at(cp.tensors[i], upper) for i in cp.plan.inputs)
     fus = cp.report.get("fuse-collectives")
