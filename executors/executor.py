@@ -60,6 +60,7 @@ class Executor:
         self._specs = cp.tensors
         self._packed_shape = {}
         self.last_variants: dict[str, str] = {}
+        self.forced: dict[str, str] = {}  # region -> variant taken regardless of its gate (checks)
         self.last_facts: Facts | None = None
         self._tracing = trace
         self.last_trace: list[dict] = []
@@ -152,7 +153,7 @@ class Executor:
             from .agreement import agree_on_dims
             agree_on_dims(self.plan.name, b, self._comms)
         gates = self._gates
-        chosen: dict[str, str] = {}
+        chosen: dict[str, str] = dict(self.forced)
         cuda = self._cuda
         tracing = self._tracing
         recs = [] if tracing else None

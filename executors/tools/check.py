@@ -8,8 +8,17 @@ dims and facts, so both take the same variants.
 
 Comparison: an output whose reference ancestry is pure data movement (split, cat,
 slice, pad, shard, copy, view, select, all_gather) must be bit-exact; one that went
-through arithmetic (gemm, add, reductions) must be allclose with the tolerance of the
-lowest precision that arithmetic rounded to (not the dtype the output is returned in).
+through arithmetic (gemm, add, reductions, externs fed by those) must be allclose with the
+tolerance of the lowest precision that arithmetic rounded to (not the dtype the output is
+returned in).
+
+Every variant is checked, not only the one the gates pick here: after the run the
+gates choose, the compiled executor runs again once per variant name with that
+variant forced in every region that has it (capture-only variants included: the gate
+is forced and the variant runs eagerly), and each run is compared with the same
+reference (gates as they fall, which on a CPU is the fallback). A variant that
+computes something else than the reference fails the check. report["checked"] lists
+every (region, variant) compared and its result.
 """
 
 from __future__ import annotations
@@ -117,9 +126,43 @@ def outputs_match(a, r, tol: tuple[float, float] | None) -> bool:
     return bool(torch.allclose(a.float(), r.float(), rtol=tol[0], atol=tol[1]))
 
 
+def forced_runs(cp) -> list[dict]:
+    """One forcing per variant name: that variant in every (live) region that has it."""
+    names: list[str] = []
+    for vs in cp.variants.values():
+        for v in vs:
+            if v.name not in names:
+                names.append(v.name)
+    out = []
+    for n in names:
+        f = {r: n for r, vs in cp.variants.items() if any(v.name == n for v in vs)}
+        if f:
+            out.append(f)
+    return out
+
+
+def _compare(plan, outs, routs, precision) -> tuple[bool, list[dict]]:
+    ok, entries = True, []
+    for n in plan.outputs:
+        a, r = outs[n], routs[n]
+        tol = tolerance(precision[n])
+        entry = {"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""), "exact": tol is None,
+                 "computed_in": precision[n]}
+        if a.shape != r.shape or a.dtype != r.dtype:
+            entry.update(max_abs_err=float("inf"), ok=False,
+                         why=f"compiled {tuple(a.shape)} {a.dtype} vs reference {tuple(r.shape)} {r.dtype}")
+        else:
+            diff = (a.float() - r.float()).abs()
+            entry["max_abs_err"] = float(diff.max()) if diff.numel() else 0.0
+            entry["ok"] = outputs_match(a, r, tol)
+        ok &= entry["ok"]
+        entries.append(entry)
+    return ok, entries
+
+
 def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int = 0, device="cpu",
               group=None, backend_prefs=None, externs=None, compare: bool = True, config=None,
-              tuning: dict | None = None) -> dict:
+              tuning: dict | None = None, every_variant: bool = True) -> dict:
     """load() -> a fresh Plan (called twice: compile passes rewrite ops in place)."""
     plan = load()
     ref_plan = load()
@@ -144,22 +187,28 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
     routs = ref(dims=b, **inputs)
     report["ref_variants"] = dict(ref.last_variants)
     precision = computed_in(rcp)
-    for n in plan.outputs:
-        a, r = outs[n], routs[n]
-        tol = tolerance(precision[n])
-        entry = {"name": n, "shape": list(a.shape), "dtype": str(a.dtype).replace("torch.", ""), "exact": tol is None,
-                 "computed_in": precision[n]}
-        if a.shape != r.shape or a.dtype != r.dtype:
-            entry.update(max_abs_err=float("inf"), ok=False,
-                         why=f"compiled {tuple(a.shape)} {a.dtype} vs reference {tuple(r.shape)} {r.dtype}")
-        else:
-            diff = (a.float() - r.float()).abs()
-            entry["max_abs_err"] = float(diff.max()) if diff.numel() else 0.0
-            entry["ok"] = outputs_match(a, r, tol)
-        report["ok"] &= entry["ok"]
-        report["outputs"].append(entry)
+    ok, report["outputs"] = _compare(plan, outs, routs, precision)
+    report["ok"] = ok
     both = set(report["variants"]) & set(report["ref_variants"])
     if any(report["variants"][r] != report["ref_variants"][r] for r in both):
         report["ok"] = False
         report["why"] = "compiled and reference took different variants"
+    report["checked"] = [{"forced": None, "variants": dict(ex.last_variants), "ok": ok,
+                          "bad": [e["name"] for e in report["outputs"] if not e["ok"]]}]
+    if every_variant:
+        for forced in forced_runs(cp):
+            ex.forced = forced
+            try:
+                fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
+            finally:
+                ex.forced = {}
+            fok, entries = _compare(plan, fouts, routs, precision)
+            report["checked"].append({"forced": forced, "variants": dict(ex.last_variants), "ok": fok,
+                                      "bad": [e["name"] for e in entries if not e["ok"]],
+                                      "max_abs_err": max((e["max_abs_err"] for e in entries), default=0.0)})
+            if not fok:
+                report["ok"] = False
+                name = next(iter(forced.values()))
+                msg = f"variant '{name}' (forced) computes something else: {', '.join(report['checked'][-1]['bad'])}"
+                report["why"] = f"{report['why']}; {msg}" if report.get("why") else msg
     return report

@@ -194,6 +194,14 @@ def _table(reports: list[dict], world: int, args) -> str:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths, strict=False)).rstrip())
+    if args.check and r0.get("checked"):
+        lines.append("variants checked against the reference (each forced in turn, run eagerly):")
+        for i, c in enumerate(r0["checked"]):
+            good = all(r["checked"][i]["ok"] for r in reports)
+            what = "as the gates chose" if c["forced"] is None else "forced " + ", ".join(
+                f"{k}={v}" for k, v in sorted(c["forced"].items())[:3]) + (
+                f" (+{len(c['forced']) - 3} regions)" if len(c["forced"]) > 3 else "")
+            lines.append(f"  {what}: {'ok' if good else 'MISMATCH in ' + ', '.join(c['bad'])}")
     if args.check:
         ok = all(r["ok"] for r in reports)
         why = sorted({r.get("why") for r in reports if r.get("why")})
