@@ -11,6 +11,7 @@ from __future__ import annotations
 import networkx as nx
 
 from .graph import Compiled
+from .hazards import check_hazards
 from .infer import InferCtx
 from .ordering import ENTRY, Order, happens_before, joined_at_exit, real_preds
 
@@ -57,8 +58,7 @@ def verify(cp: Compiled) -> Order | None:
             raise VerifyError(f"plan output {o} is gone")
     _verify_shapes(cp)
     order = _verify_schedule(cp, events="derive-events" in cp.passes_run) if cp.schedule else None
-    # hook: further checks of the scheduled plan that need its ordering (buffer hazards) are
-    # called here as check(cp, order); order is a planner.ordering.Order, None before derive-events
+    check_hazards(cp)  # cross-stream buffer hazards, collective order, capture legality (planner.hazards)
     return order
 
 
