@@ -1,0 +1,219 @@
+"""assign-streams as a new user meets it: model code moves, gains are scheduled estimates that
+hold at every bucket, pins constrain, streams are declared, decisions per bucket."""
+
+import json
+
+import pytest
+
+from planner.config import CompileConfig
+from planner.cost import DeviceProfile
+from planner.errors import PlanError
+from planner.report import critical_paths, to_json, to_text
+from tests.planutil import compiled, error
+
+H = """
+plan: se
+params: {hidden: 7168, inter: 256, experts: 256}
+dims: {num_tokens: 1..256}
+inputs:
+  x: bf16[num_tokens, hidden]
+weights:
+  w_gate_up: bf16[512, hidden]
+  w_down: bf16[hidden, inter]
+  w_router: bf16[experts, hidden]
+"""
+
+SHARED = """
+  - gu: gemm(x, w_gate_up)
+  - act: extern(silu_mul, gu, shape=[num_tokens, inter], cost_us=2)
+  - sh: gemm(act, w_down)
+"""
+ROUTER = """
+  - logits: gemm(x, w_router)
+  - routed: extern(routed_experts, x, logits, shape=[num_tokens, hidden], cost_us=60)
+"""
+
+
+def body(first, second, join="  - y: add(routed, sh)\n"):
+    return "outputs: [y]\nops:\n" + first + second + join
+
+
+def streams(cp):
+    return {v: cp.graph.nodes[v]["stream"] for v in cp.graph.nodes}
+
+
+def scopes(cp):
+    return cp.report["assign-streams:scopes"]
+
+
+@pytest.mark.parametrize("order", ["shared_first", "router_first"])
+def test_reported_gain_is_the_scheduled_estimate_at_every_bucket(tmp_path, order):
+    first, second = (SHARED, ROUTER) if order == "shared_first" else (ROUTER, SHARED)
+    cfg = CompileConfig(verify_each=True)
+    cp = compiled(tmp_path, body(first, second), H, cfg=cfg)
+    (info,) = scopes(cp)
+    assert info["mode"] == "chosen" and info["moved"] >= 1
+    # the scope's numbers are the final schedule's simulation, bucket by bucket
+    rows = {r["bindings"]["num_tokens"]: r for r in critical_paths(cp, cfg)}
+    for b, ser, sch in zip(info["buckets"], info["serial_us"], info["scheduled_us"], strict=True):
+        assert sch <= ser
+        if b["num_tokens"] in rows:
+            assert rows[b["num_tokens"]]["scheduled_us"] == pytest.approx(sch, abs=0.01)
+            assert rows[b["num_tokens"]]["serial_us"] == pytest.approx(ser, abs=0.01)
+    for r in rows.values():
+        assert r["scheduled_us"] < r["serial_us"]
+    # the shared expert (model code included) goes beside the router and the routed experts
+    s = streams(cp)
+    assert s["gu"] == s["act"] == s["sh"] != s["routed"]
+    text = to_text(cp, cfg, color=False)
+    assert "never slower than serial over num_tokens=1 .. num_tokens=256" in text
+
+
+def test_extern_that_must_stay_on_main(tmp_path):
+    pinned = SHARED.replace("cost_us=2)", "cost_us=2, side_stream=false)")
+    cp = compiled(tmp_path, body(pinned, ROUTER.replace("cost_us=60)", "cost_us=60, side_stream=false)")), H)
+    s = streams(cp)
+    assert s["act"] == "main" and s["routed"] == "main"
+    assert all(r <= ser for r, ser in zip(scopes(cp)[0]["scheduled_us"], scopes(cp)[0]["serial_us"], strict=True))
+
+
+def test_model_code_branch_moves(tmp_path):
+    # the independent branch is mostly model code: it is still worth overlapping
+    cp = compiled(tmp_path, """
+outputs: [y, n]
+ops:
+  - y: gemm(x, w_gate_up)
+  - n: extern(norm_rope, x, shape=[num_tokens, hidden], cost_us=8)
+""", H)
+    assert set(streams(cp).values()) == {"main", "aux"}
+    assert "no independent work" not in " ".join(d["decision"] for d in cp.report["assign-streams"])
+
+
+def test_pin_constrains_the_rest_is_still_planned(tmp_path):
+    cp = compiled(tmp_path, body(SHARED, ROUTER, "  - y: add(routed, sh, stream=main)\n"), H)
+    (info,) = scopes(cp)
+    assert info["pinned"] == 1 and info["mode"] == "chosen"
+    assert streams(cp)["y"] == "main" and streams(cp)["sh"] == "aux"
+
+
+def test_tiny_fork_beside_a_pinned_op_is_not_taken(tmp_path):
+    cp = compiled(tmp_path, """
+outputs: [y, t]
+ops:
+  - y: extern(routed_experts, x, shape=[num_tokens, hidden], cost_us=60, stream=main)
+  - t: add(x, x)
+""", H.replace("hidden: 7168", "hidden: 8"))
+    assert set(streams(cp).values()) == {"main"} and not cp.events
+    text = " ".join(d["decision"] for d in cp.report["assign-streams"])
+    assert "on aux" not in text and "does not pay" in text
+
+
+def test_undeclared_stream_is_a_located_error(tmp_path):
+    e = error(tmp_path, body(SHARED, ROUTER.replace("cost_us=60)", "cost_us=60, stream=comm)")), H)
+    d = e.diagnostics[0]
+    assert d.code == "stream" and "stream 'comm' is not declared" in d.message
+    assert open(d.loc.file).read().splitlines()[d.loc.line - 1][d.loc.col - 1:].startswith("comm)")
+    e = error(tmp_path, "streams: [main, side]\n" + body(SHARED.replace("cost_us=2)", "cost_us=2, stream=aux)"),
+                                                        ROUTER), H)
+    assert "stream 'aux' is not declared (streams: main, side)" in e.diagnostics[0].message
+    e = error(tmp_path, "streams: [side, main]\n" + body(SHARED, ROUTER), H)
+    assert "must list main" in e.diagnostics[0].message
+
+
+def test_declared_streams_and_the_streams_bound_folds_pins(tmp_path):
+    text = "streams: [main, side]\n" + body(SHARED.replace("cost_us=2)", "cost_us=2, stream=side)"), ROUTER)
+    cp = compiled(tmp_path, text, H)
+    assert cp.streams == ["main", "side"] and streams(cp)["act"] == "side"
+    cp = compiled(tmp_path, text, H, cfg=CompileConfig(num_streams=1, verify_each=True))
+    assert cp.streams == ["main"] and set(streams(cp).values()) == {"main"} and not cp.events
+    folded = [d for d in cp.report["assign-streams"] if d["scopes"] == ["(pins)"]]
+    assert folded and "act pinned to side -> main (--streams 1 allows main) at" in folded[0]["decision"]
+
+
+def test_overlap_that_loses_at_some_bucket_falls_back_to_serial(tmp_path):
+    # with 30 us events, the fork/join loses at every size: serial, and the report says why
+    cfg = CompileConfig(profile=DeviceProfile(event_us=30.0), verify_each=True)
+    cp = compiled(tmp_path, body(SHARED, ROUTER), H, cfg=cfg)
+    assert set(streams(cp).values()) == {"main"}
+    (d,) = cp.report["assign-streams"]
+    assert "slower than serial" in d["decision"] or "does not pay" in d["decision"]
+    for r in critical_paths(cp, cfg):
+        assert r["scheduled_us"] <= r["serial_us"]
+
+
+GATED = """
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: small
+        when: num_tokens < 16
+        ops:
+          - y: gemm(x, w_down[:, :7168])
+      - name: big
+        ops:
+          - y: gemm(x, w_down[:, :7168])
+"""
+
+
+def test_memory_per_variant_at_its_largest_size(tmp_path):
+    h = H.replace("inter: 256", "inter: 7168").replace("1..256", "1..8192")
+    cp = compiled(tmp_path, GATED, h)
+    mem = cp.report["estimate-memory"]["variants"]
+    assert mem["small"]["bindings"] == {"num_tokens": 15}
+    assert mem["big"]["bindings"] == {"num_tokens": 8192}
+    assert mem["small"]["peak_bytes"] * 8192 == mem["big"]["peak_bytes"] * 15
+    assert "(num_tokens=15)" in to_text(cp, CompileConfig(), color=False)
+
+
+def test_json_costs_every_op_and_text_lists_distinct_ops(tmp_path):
+    cfg = CompileConfig()
+    cp = compiled(tmp_path, """
+outputs: [h3, q1]
+ops:
+  - h1: gemm(x, w_gate_up)
+  - h2: gemm(x, w_router)
+  - h3: add(h1[:, :256], h2)
+  - q1: gemm(x[:, :256], w_down)
+""", H, cfg=cfg)
+    data = json.loads(json.dumps(to_json(cp, cfg), default=str))
+    assert data["ops"] and all(isinstance(o["cost_us"], float) for o in data["ops"])
+    assert {o["id"]: o["cost_us"] for o in data["ops"]}["h1"] > 3.5
+    text = to_text(cp, cfg, color=False)
+    assert "repeated regions" not in text
+    for v in ("h1", "h2", "h3", "q1"):
+        assert f" {v} ->" in text
+
+
+def test_reduce_scatter_bucket_slower_at_the_top_is_not_fused(tmp_path):
+    h = """
+plan: rs
+params: {hidden: 7168}
+dims: {num_tokens: 8..8192}
+groups: {tp: 8}
+inputs:
+  a: bf16[8 * ceil_div(num_tokens, 8), hidden]
+  b: bf16[8 * ceil_div(num_tokens, 8), hidden]
+"""
+    cp = compiled(tmp_path, """
+outputs: [ra, rb]
+ops:
+  - ra: reduce_scatter(a, tp)
+  - rb: reduce_scatter(b, tp)
+""", h)
+    f = cp.report["fuse-collectives"]
+    assert f["after"] == 2 and not f["buckets"]
+    (nf,) = [n for n in f["not_fused"] if n["ops"] == ["ra", "rb"]]
+    assert "not fused at every size" in nf["reason"] and "num_tokens=8192" in nf["reason"]
+    # small sizes only: the packed collective wins at every bucket and is fused
+    cp = compiled(tmp_path, "outputs: [ra, rb]\nops:\n  - ra: reduce_scatter(a, tp)\n  - rb: reduce_scatter(b, tp)\n",
+                  h.replace("8..8192", "8..64"))
+    f = cp.report["fuse-collectives"]
+    assert f["after"] == 1 and f["buckets"][0]["estimate"]["decision"] == "packed at every bucket"
+    assert len(f["buckets"][0]["estimate"]["per_bucket"]) >= 3
+
+
+def test_unknown_stream_in_compact_form_is_not_a_traceback(tmp_path):
+    with pytest.raises(PlanError):
+        compiled(tmp_path, body(SHARED, ROUTER.replace("cost_us=60)", "cost_us=60, side_stream=maybe)")), H)
