@@ -69,3 +69,17 @@ def test_run_cli_lists_checked_variants_and_fails_on_the_swap(tmp_path):
     assert "forced r=graph_only: MISMATCH in a, b" in res.stdout
     assert "forced r=plain: ok" in res.stdout
     assert "as the gates chose: ok" in res.stdout
+
+
+@pytest.mark.parametrize("plan,over", [
+    ("dsv3_mla_input_proj.yaml", {"hidden": 64, "q_lora_rank": 32, "kv_lora_rank": 16, "rope_dim": 8,
+                                  "heads": 4, "qk_head_dim": 16, "tp_size": 2, "max_positions": 64}),
+    ("dsv3_moe_shared_expert.yaml", {"hidden": 64, "experts": 16, "tp_size": 8}),
+])
+def test_dsv3_plans_match_the_reference_with_model_externs(plan, over):
+    from executors.tools.externs import model_externs
+    from planner.lang.loader import load_plan
+    from tests.planutil import PLANS
+    rep = run_check(lambda: load_plan(PLANS / plan, over), num_tokens=5, seed=3, externs=model_externs())
+    assert rep["ok"], rep
+    assert all(o["max_abs_err"] is not None for o in rep["outputs"])

@@ -12,6 +12,11 @@ run. The RMS normalisation keeps 90 chained "layers" in range, like the norms of
 real model. It is a stand-in, not model code: it exists so that runs on random
 inputs are reproducible and checkable; real deployments pass externs=.
 
+model_externs() gives torch implementations of real model code for the shipped
+DeepSeek-V3 plans (plans/dsv3_*.yaml): rmsnorm, rope, silu_and_mul and a routed-expert
+stand-in whose cost is that of the real layer (it reads the weights of every expert the
+batch activates, min(experts, top_k * tokens) of them, as a fused MoE does).
+
 Stand-ins are marked `wants_shape`: the executor calls them with the declared
 output shape and dtype of the site (fn(*args, out_shape=..., dtype=...)), so one
 name can serve sites of different shapes. A site with several results
@@ -26,7 +31,8 @@ import zlib
 
 import torch
 
-__all__ = ["default_extern", "default_externs"]
+__all__ = ["default_extern", "default_externs", "model_externs", "rmsnorm", "rope", "silu_and_mul",
+           "routed_experts"]
 
 
 def default_extern(name: str):
@@ -70,3 +76,55 @@ def default_externs(plan, only_missing: dict | None = None) -> dict:
     """{fn name: stand-in} for every extern fn the plan calls (except those in only_missing)."""
     have = only_missing or {}
     return {op.fn: default_extern(op.fn) for op in plan.ops if op.op == "extern" and op.fn not in have}
+
+
+# ---------------------------------------------------------------- model code (torch)
+
+def rmsnorm(x, weight, eps: float = 1e-6):
+    """RMSNorm over the last dim, computed in fp32 (x may be a strided view)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype)
+
+
+def rope(k_pe, positions, cos_sin):
+    """Neox-style rotary embedding of k_pe [T, D] at `positions` (cos | sin halves per row)."""
+    cs = cos_sin.index_select(0, positions.long().remainder(cos_sin.shape[0])).float()  # random test positions
+    half = k_pe.shape[-1] // 2
+    cos, sin = cs[:, :half], cs[:, half:]
+    x = k_pe.float()
+    x1, x2 = x[:, :half], x[:, half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(k_pe.dtype)
+
+
+def silu_and_mul(gu):
+    half = gu.shape[-1] // 2
+    return (torch.nn.functional.silu(gu[..., :half].float()) * gu[..., half:].float()).to(gu.dtype)
+
+
+def routed_experts(x, logits, w_gate_up, w_down, top_k: int = 8):
+    """Top-k routed experts with the real layer's weight traffic.
+
+    Experts are numbered so that a batch of T tokens activates min(E, top_k * T) of them
+    (expert e = chosen index mod that count): what a fused MoE reads for a decode batch of
+    random tokens. Each expert e has gate/up rows [2 * inter * e, 2 * inter * (e + 1)) of
+    w_gate_up and columns [inter * e, inter * (e + 1)) of w_down.
+    """
+    t = x.shape[0]
+    n_exp = logits.shape[-1]
+    inter = w_down.shape[1] // n_exp
+    active = min(n_exp, top_k * t)
+    probs = torch.softmax(logits.float(), dim=-1)
+    weight, idx = probs.topk(min(top_k, n_exp), dim=-1)
+    weight = weight / weight.sum(-1, keepdim=True)
+    gate = torch.zeros(t, active, device=x.device, dtype=torch.float32)
+    gate.scatter_add_(1, idx % active, weight)
+    h = x @ w_gate_up[: active * 2 * inter].t()                      # [T, active * 2 * inter]
+    h = h.view(t, active, 2, inter).float()
+    a = torch.nn.functional.silu(h[:, :, 0]) * h[:, :, 1] * gate.unsqueeze(-1)
+    return a.reshape(t, active * inter).to(x.dtype) @ w_down[:, : active * inter].t()
+
+
+def model_externs() -> dict:
+    """{extern fn name: torch implementation} for the plans/dsv3_*.yaml model code."""
+    return {"rmsnorm": rmsnorm, "rope": rope, "silu_and_mul": silu_and_mul, "routed_experts": routed_experts}

@@ -38,7 +38,7 @@ from ..ops import COLLECTIVES, VIEW_OPS
 NAME = "assign-streams"
 SEARCH_MAX_OPS = 48       # local search only in scopes this small (per move: one simulate per bucket)
 SEARCH_BUCKETS = 5        # buckets rated during the search; every bucket rates the finalists
-LARGE_SCOPE = 2000        # above this many ops, rate three buckets only (compile time)
+LARGE_SCOPE = 2000        # above this many ops, rate the smallest and largest bucket only (compile time)
 
 
 def pool(n: int) -> list[str]:
@@ -79,12 +79,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     for ctx, nodes in scopes.items():
         buckets = allowed_buckets(cp, ctx, tuned)
         if len(nodes) > LARGE_SCOPE:
-            buckets = _spread(buckets, 3)
+            buckets = _spread(buckets, 2)  # compile time: the smallest and the largest size
         costs = [{v: model.op_us(g.nodes[v]["op"], cp.tensors, b) for v in nodes} for b in buckets]
         a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us)
         assign.update(a)
         decisions[ctx] = info
-    _check_variants(cp, assign, decisions, scopes, model, tuned, ev, pinned)
+    _check_variants(cp, order, assign, decisions, scopes, model, tuned, ev, pinned)
     changed = False
     for v in g.nodes:
         if g.nodes[v]["stream"] != assign[v]:
@@ -113,11 +113,14 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
 
     def rate(a, which=None):
         idx = range(len(buckets)) if which is None else which
+        if not _moved(a):  # all on main: the simulation is the sum
+            return [serial[i] for i in idx]
         return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a)[0] for i in idx]
 
     cands = {_key(serial_a): serial_a}
     if len(streams) > 1 and movable:
-        for i in sorted(set(_spread_idx(len(buckets), 3))):
+        reps = _spread_idx(len(buckets), 3) if len(nodes) <= LARGE_SCOPE else [len(buckets) - 1]
+        for i in sorted(set(reps)):
             a = _views_follow(cp, nodes, _list_schedule(cp, nodes, costs[i], streams, pinned, ev))
             cands.setdefault(_key(a), a)
         if len(movable) <= SEARCH_MAX_OPS:
@@ -267,7 +270,7 @@ def _list_schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[st
 
 # ---------------------------------------------------------------- whole variants
 
-def _check_variants(cp, assign, decisions, scopes, model, tuned, ev, pinned):
+def _check_variants(cp, issue, assign, decisions, scopes, model, tuned, ev, pinned):
     """Simulate each plan variant as a whole; a scope whose overlap loses against serial at
     some bucket goes back to serial (scopes interact on shared streams)."""
     g = cp.graph
@@ -276,15 +279,17 @@ def _check_variants(cp, assign, decisions, scopes, model, tuned, ev, pinned):
         choice = variant_choice(cp, name) if name else {}
         cc = tuple(sorted(choice.items()))
         ctxs = [c for c in scopes if compatible(cc, c)]
-        nodes = [v for c in ctxs for v in scopes[c]]
-        order = [v for v in issue_order(cp) if v in set(nodes)]
+        if len(ctxs) < 2:
+            continue  # one scope: its own rating was already of the whole variant
+        nodes = {v for c in ctxs for v in scopes[c]}
+        order = [v for v in issue if v in nodes]
         for _ in range(len(ctxs)):
             multi = [c for c in ctxs if decisions[c]["mode"] == "chosen"]
             if not multi:
                 break
             bad = None
             bks = allowed_buckets(cp, cc, tuned) if name else allowed_buckets(cp, (), tuned)
-            for b in bks if len(order) <= LARGE_SCOPE else _spread(bks, 3):
+            for b in bks if len(order) <= LARGE_SCOPE else _spread(bks, 2):
                 costs = {v: model.op_us(g.nodes[v]["op"], cp.tensors, b) for v in order}
                 span = simulate(cp, costs, event_us=ev, order=order, assign=assign)[0]
                 if span > sum(costs.values()) + 1e-9:
