@@ -103,26 +103,22 @@ def silu_and_mul(gu):
 
 
 def routed_experts(x, logits, w_gate_up, w_down, top_k: int = 8):
-    """Top-k routed experts with the real layer's weight traffic.
+    """A routed-expert stand-in with the real layer's weight traffic.
 
-    Experts are numbered so that a batch of T tokens activates min(E, top_k * T) of them
-    (expert e = chosen index mod that count): what a fused MoE reads for a decode batch of
-    random tokens. Each expert e has gate/up rows [2 * inter * e, 2 * inter * (e + 1)) of
-    w_gate_up and columns [inter * e, inter * (e + 1)) of w_down.
+    A batch of T tokens activates min(E, top_k * T) experts (what a fused MoE reads for a
+    decode batch of random tokens): experts 0..active-1, each token weighting them by the
+    softmax of its logits over them (a smooth gate: a top-k choice would flip between bf16
+    and fp32 references on near-ties). Expert e has gate/up rows [2 * inter * e, 2 * inter *
+    (e + 1)) of w_gate_up and columns [inter * e, inter * (e + 1)) of w_down.
     """
     t = x.shape[0]
     n_exp = logits.shape[-1]
     inter = w_down.shape[1] // n_exp
     active = min(n_exp, top_k * t)
-    probs = torch.softmax(logits.float(), dim=-1)
-    weight, idx = probs.topk(min(top_k, n_exp), dim=-1)
-    weight = weight / weight.sum(-1, keepdim=True)
-    gate = torch.zeros(t, active, device=x.device, dtype=torch.float32)
-    gate.scatter_add_(1, idx % active, weight)
-    h = x @ w_gate_up[: active * 2 * inter].t()                      # [T, active * 2 * inter]
-    h = h.view(t, active, 2, inter).float()
+    gate = torch.softmax(logits[:, :active].float(), dim=-1).to(x.dtype)
+    h = (x @ w_gate_up[: active * 2 * inter].t()).view(t, active, 2, inter)   # [T, active, 2, inter]
     a = torch.nn.functional.silu(h[:, :, 0]) * h[:, :, 1] * gate.unsqueeze(-1)
-    return a.reshape(t, active * inter).to(x.dtype) @ w_down[:, : active * inter].t()
+    return a.reshape(t, active * inter) @ w_down[:, : active * inter].t()
 
 
 def model_externs() -> dict:
