@@ -10,7 +10,7 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 
 __all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "simulate", "variant_choice",
-           "issue_order"]
+           "issue_order", "graph_shape"]
 
 
 class _AnyTensor:
@@ -123,41 +123,51 @@ def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
 
 
 def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: float = 1.0,
-             order: list | None = None, assign: dict | None = None) -> tuple[float, dict]:
+             order: list | None = None, assign: dict | None = None, shape: tuple | None = None) -> tuple[float, dict]:
     """Makespan of the schedule on its streams; ops outside `choice` (or not in `order`) are skipped.
 
     Streams run their ops in issue order; a cross-stream dependency costs event_us, and so
-    does the join of side-stream work back to main. `assign` (op -> stream) overrides the
-    graph's streams, so assign-streams rates a candidate with the same model the report uses.
+    do the fork (a side stream's first op waits for the caller's stream) and the join of
+    side-stream work back to main. `assign` (op -> stream) overrides the graph's streams, so
+    assign-streams rates a candidate with the same model the report uses; `shape` is
+    graph_shape(cp, order) precomputed, for callers that rate many candidates.
     Returns (makespan, finish time per op).
     """
     g = cp.graph
     order = order or cp.schedule or list(nx.topological_sort(g))
-    ctx_choice = tuple(sorted((choice or {}).items()))
+    if choice is not None:
+        ctx_choice = tuple(sorted(choice.items()))
+        order = [v for v in order if compatible(ctx_choice, g.nodes[v]["ctx"])]
+    preds, views = shape or graph_shape(cp, order)
+    streams = assign if assign is not None else {v: g.nodes[v]["stream"] for v in order}
     free: dict[str, float] = {}
     finish: dict[str, float] = {}
     real: dict[str, str | None] = {}  # the stream whose work a value waits for (views do no work)
     for v in order:
-        d = g.nodes[v]
-        if choice is not None and not compatible(ctx_choice, d["ctx"]):
-            continue
-        preds = [u for u in g.predecessors(v) if u in finish]
-        if d["op"].op in VIEW_OPS:
-            last = max(preds, key=lambda u: finish[u], default=None)
+        ps = [u for u in preds[v] if u in finish]
+        if v in views:
+            last = max(ps, key=lambda u: finish[u], default=None)
             finish[v] = finish[last] if last is not None else 0.0
             real[v] = real[last] if last is not None else None
             continue
-        s = d["stream"] if assign is None else assign[v]
-        start = free.get(s, 0.0)
-        if s != "main" and s not in free:
-            start = event_us  # the fork: a side stream first waits for the caller's stream
-        for u in preds:
+        s = streams[v]
+        start = free.get(s)
+        if start is None:
+            start = event_us if s != "main" else 0.0  # the fork
+        for u in ps:
             extra = event_us if real[u] not in (None, s) else 0.0
             start = max(start, finish[u] + extra)
         finish[v] = start + costs[v]
         free[s] = finish[v]
         real[v] = s
     span = max(finish.values(), default=0.0)
-    if any(real.get(v) not in (None, "main") for v in finish):
+    if any(r not in (None, "main") for r in real.values()):
         span += event_us  # the join back to the caller's stream
     return span, finish
+
+
+def graph_shape(cp: Compiled, order: list) -> tuple[dict, set]:
+    """(predecessors per op, the views) of `order`, for simulate."""
+    g = cp.graph
+    pred, nodes = g.pred, g.nodes
+    return {v: list(pred[v]) for v in order}, {v for v in order if nodes[v]["op"].op in VIEW_OPS}

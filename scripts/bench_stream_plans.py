@@ -169,7 +169,7 @@ def bench_plan(name: str, over: dict, tokens: list | None, iters: int, trials: i
             log(f"{name} M={m}: WRONG RESULTS: {bad[:3]}")
             rows.append({"plan": name, "tokens": m, "ok": False})
             continue
-        fns = {p: (lambda i, e=e: e[i % NSETS](**ins)) for p, e in exs.items()}
+        fns = {p: (lambda i, e=e, ins=ins: e[i % NSETS](**ins)) for p, e in exs.items()}
         t = time_graphs(fns, iters=iters, trials=trials, nsets=NSETS)
         pinned = {p: v for p, v in t.items() if p.startswith("pin:")}
         best = min(pinned, key=pinned.get)

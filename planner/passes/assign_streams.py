@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..analysis import allowed_buckets, issue_order, simulate, variant_choice
+from ..analysis import allowed_buckets, graph_shape, issue_order, simulate, variant_choice
 from ..cost import CostModel
 from ..graph import Compiled, compatible
 from ..ops import COLLECTIVES, VIEW_OPS
@@ -38,7 +38,7 @@ from ..ops import COLLECTIVES, VIEW_OPS
 NAME = "assign-streams"
 SEARCH_MAX_OPS = 48       # local search only in scopes this small (per move: one simulate per bucket)
 SEARCH_BUCKETS = 5        # buckets rated during the search; every bucket rates the finalists
-LARGE_SCOPE = 2000        # above this many ops, rate the smallest and largest bucket only (compile time)
+LARGE_SCOPE = 2000        # above this many ops, rate the largest bucket only (compile time)
 
 
 def pool(n: int) -> list[str]:
@@ -71,6 +71,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     tuned = {**cp.plan.tuned, **cfg.tuned}
     ev = cfg.profile.event_us
     order = issue_order(cp)
+    cost = _memo_cost(cp, model)
     scopes: dict[tuple, list[str]] = {}
     for v in order:
         scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
@@ -79,12 +80,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     for ctx, nodes in scopes.items():
         buckets = allowed_buckets(cp, ctx, tuned)
         if len(nodes) > LARGE_SCOPE:
-            buckets = _spread(buckets, 2)  # compile time: the smallest and the largest size
-        costs = [{v: model.op_us(g.nodes[v]["op"], cp.tensors, b) for v in nodes} for b in buckets]
+            buckets = buckets[-1:]  # compile time: the largest size only
+        costs = [{v: cost(g.nodes[v]["op"], b) for v in nodes} for b in buckets]
         a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us)
         assign.update(a)
         decisions[ctx] = info
-    _check_variants(cp, order, assign, decisions, scopes, model, tuned, ev, pinned)
+    _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned)
     changed = False
     for v in g.nodes:
         if g.nodes[v]["stream"] != assign[v]:
@@ -102,6 +103,15 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     return cp, changed
 
 
+def _memo_cost(cp, model):
+    """model.op_us at a binding (views cost nothing: skip the model for them)."""
+    t = cp.tensors
+
+    def cost(op, b):
+        return 0.0 if op.op in VIEW_OPS else model.op_us(op, t, b)
+    return cost
+
+
 # ---------------------------------------------------------------- one scope
 
 def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
@@ -111,11 +121,13 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
     serial_a = _views_follow(cp, nodes, {v: pinned.get(v, "main") for v in nodes})
     serial = [sum(c.values()) for c in costs]  # everything on the caller's stream, one after another
 
+    shape = graph_shape(cp, nodes)
+
     def rate(a, which=None):
         idx = range(len(buckets)) if which is None else which
         if not _moved(a):  # all on main: the simulation is the sum
             return [serial[i] for i in idx]
-        return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a)[0] for i in idx]
+        return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a, shape=shape)[0] for i in idx]
 
     cands = {_key(serial_a): serial_a}
     if len(streams) > 1 and movable:
@@ -149,7 +161,8 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
     sched = rated[k]
     # does the best decision differ across buckets? (then the choice is the smallest worst-case loss)
     winners = {min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk]))) for i in range(len(buckets))}
-    info.update(scheduled_us=[round(s, 2) for s in sched], mode=why, moved=_moved(chosen),
+    moved = sum(1 for v in nodes if chosen[v] != "main" and g.nodes[v]["op"].op not in VIEW_OPS)
+    info.update(scheduled_us=[round(s, 2) for s in sched], mode=why, moved=moved,
                 used=sorted({s for s in chosen.values() if s != "main"}),
                 pinned=sum(1 for v in nodes if v in pinned),
                 differs=len(winners) > 1, worst_loss_us=round(worst_loss(k), 2),
@@ -270,7 +283,7 @@ def _list_schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[st
 
 # ---------------------------------------------------------------- whole variants
 
-def _check_variants(cp, issue, assign, decisions, scopes, model, tuned, ev, pinned):
+def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinned):
     """Simulate each plan variant as a whole; a scope whose overlap loses against serial at
     some bucket goes back to serial (scopes interact on shared streams)."""
     g = cp.graph
@@ -283,15 +296,16 @@ def _check_variants(cp, issue, assign, decisions, scopes, model, tuned, ev, pinn
             continue  # one scope: its own rating was already of the whole variant
         nodes = {v for c in ctxs for v in scopes[c]}
         order = [v for v in issue if v in nodes]
+        shape = graph_shape(cp, order)
         for _ in range(len(ctxs)):
             multi = [c for c in ctxs if decisions[c]["mode"] == "chosen"]
             if not multi:
                 break
             bad = None
             bks = allowed_buckets(cp, cc, tuned) if name else allowed_buckets(cp, (), tuned)
-            for b in bks if len(order) <= LARGE_SCOPE else _spread(bks, 2):
-                costs = {v: model.op_us(g.nodes[v]["op"], cp.tensors, b) for v in order}
-                span = simulate(cp, costs, event_us=ev, order=order, assign=assign)[0]
+            for b in bks if len(order) <= LARGE_SCOPE else bks[-1:]:
+                costs = {v: cost(g.nodes[v]["op"], b) for v in order}
+                span = simulate(cp, costs, event_us=ev, order=order, assign=assign, shape=shape)[0]
                 if span > sum(costs.values()) + 1e-9:
                     bad = (b, span, sum(costs.values()))
                     break
