@@ -196,10 +196,6 @@ def _spread_idx(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-def _spread(buckets: list, k: int) -> list:
-    return [buckets[i] for i in _spread_idx(len(buckets), k)]
-
-
 def _views_follow(cp, nodes, a: dict) -> dict:
     """Views run where their input's producer runs (they do no work of their own)."""
     g = cp.graph
