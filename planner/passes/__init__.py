@@ -1,6 +1,14 @@
 """Planner passes. Each is fn(compiled, config) -> (compiled, changed), in its own module."""
 
-from . import assign_streams, dce, events, fuse_allreduce_norm, fuse_collectives, fuse_gemm_chains, memory
+from . import (
+    assign_streams,
+    dce,
+    events,
+    fuse_allreduce_norm,
+    fuse_collectives,
+    fuse_gemm_chains,
+    memory,
+)
 
 __all__ = ["PIPELINE", "PASS_NAMES"]
 
