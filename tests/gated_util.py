@@ -171,7 +171,9 @@ def gated_rank(rank, world, seeds, tokens):
     for seed in seeds:
         text = gated_plan(seed, world)
         for nt in tokens:
-            rep = run_check(lambda t=text: load_text(t), rank=rank, num_tokens=nt, seed=seed)
+            # the variants of these plans compute different things by design (a race shows as a wrong
+            # value), so each is compared with the reference taking the same gate, not forced
+            rep = run_check(lambda t=text: load_text(t), rank=rank, num_tokens=nt, seed=seed, every_variant=False)
             rep["seed"] = seed
             reps.append(rep)
     return reps
