@@ -61,6 +61,8 @@ def _chain_cute(op, bctx):
     dt = torch_dtype(bctx.specs[op.a].dtype)
     first = _first_gemm(op, bctx)
     prepared = bctx.layouts.get(op.b) == MMA_A  # the plan weight is kept only in the A-fragment layout
+    # one workspace per step, made now (not inside a caller's capture); steps never run concurrently with themselves
+    ws = cute.new_fused_workspace(bctx.device) if str(bctx.device).startswith("cuda") else None
 
     def run(ins, b, out):
         x, w, w2 = ins
@@ -75,6 +77,6 @@ def _chain_cute(op, bctx):
             return [o, gemm_torch(o[:, fa_col:fa_col + kb], w2, dt)]
         o = torch.empty((m, n), dtype=x.dtype, device=x.device)
         g1 = torch.empty((m, nb), dtype=x.dtype, device=x.device)
-        cute.kda_fused_step(x, w, w_fb, o, g1, fa_col=fa_col, w_swap=w if prepared else None)
+        cute.kda_fused_step(x, w, w_fb, o, g1, fa_col=fa_col, workspace=ws, w_swap=w if prepared else None)
         return [o, g1]
     return run

@@ -91,6 +91,7 @@ __all__ = [
     "get_kernel",
     "cache_dir",
     "kda_fused_step",
+    "new_fused_workspace",
     "supports_fused",
     "default_fused_config",
     "compile_fused_for_arch",
@@ -480,6 +481,15 @@ def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb:
 
 _WS_WORDS = 1 << 14  # 64 KiB: any m_tile <= 16 fused grid needs < 16 KiB
 _retired: list = []  # outgrown workspaces stay alive: captured graphs may still point at them
+
+
+def new_fused_workspace(device):
+    """A zeroed workspace for one fused step of an executor, made at build time: a workspace made
+    lazily inside someone's capture (torch.compile's cudagraph trees) would live in that graph's
+    pool without being one of its outputs, which the trees refuse."""
+    import torch
+
+    return torch.zeros(_WS_WORDS, dtype=torch.int32, device=device)
 
 
 def _workspace_for(device, words: int):
