@@ -161,16 +161,25 @@ def _writes(cp: Compiled, hb) -> None:
                     s1, s2 = g.nodes[w1]["stream"], g.nodes[w2]["stream"]
                     _fail(cp, w2, f"write-after-write: {w2} on {s2} and {w1} on {s1} both write {_what(buf, r2)}",
                           "each byte of a buffer has one writer per call")
+    anc: dict = {}  # producer -> its ancestors (readers of one packed buffer share them)
     for v in cp.schedule:
         if is_view(g, v):
             continue
         for buf, reg, name in _reads_of(cp, v):
             src = cp.tensors[name].producer
-            made = ({src} | _ancestors(g, src)) if src is not None else set()
+            made = None  # what the read value was made from: found only when another writer needs it
             for w, wr in writers.get(buf, []):
-                if w == v or w in made or not compatible(g.nodes[w]["ctx"], g.nodes[v]["ctx"]):
+                if w == v or w == src or (src is not None and g.has_edge(w, src)):
+                    continue  # the read value's own producer, or a writer feeding it directly (slot producers of a pack)
+                if not compatible(g.nodes[w]["ctx"], g.nodes[v]["ctx"]):
                     continue
                 if not _overlap(cp, reg, wr):
+                    continue
+                if made is None:
+                    made = anc.get(src)
+                    if made is None:
+                        made = anc[src] = _ancestors(g, src) if src is not None else set()
+                if w in made:
                     continue
                 if not hb(v, w):
                     alias = f" through the alias {name}" if name != buf else ""
