@@ -38,10 +38,7 @@ are loaded before ``griddepcontrol.wait``, x and scale_a after it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
-from dataclasses import dataclass
 
 __all__ = [
     "BLOCK",
@@ -60,234 +57,23 @@ __all__ = [
     "blockwise_reference",
 ]
 
-BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
-FP8_MAX_M = 16
-SMS = 132  # H200 / H100 SXM streaming multiprocessors (config heuristics only)
-SCALE_A_KINDS = ("tensor", "row", "block")
-SCALE_B_KINDS = ("tensor", "col", "block")
-_A_CODE = {"tensor": 0, "row": 1, "block": 2}
-_B_CODE = {"tensor": 0, "col": 1, "row": 1, "block": 2}
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-# --------------------------------------------------------------------------------------
-# configuration
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Fp8Config:
-    """One kernel variant. A warp owns ``tiles`` n8 tiles (8 weight rows each) and a share of K;
-    a block is ``warps_n`` x ``warps_k`` warps (shared-memory reduction over warps_k)."""
-
-    m_tile: int = 16  # token rows per mma (8 or 16); runtime M <= m_tile
-    tiles: int = 2  # n8 tiles per warp: 1, 2 or 4 (a warp's rows stay inside one 128-row block)
-    warps_n: int = 1  # warps side by side along N
-    warps_k: int = 4  # warps splitting K (whole 128-wide blocks each)
-    unroll: int = 1  # 128-wide K blocks per warp iteration (loaded one iteration ahead)
-    ki: int = 1  # 1: iteration it of warp wk reads K blocks (it * warps_k + wk) * unroll + u
-    hw: int = 2  # words (of 4 per 16-byte vector) converted by the hardware cvt, the rest by integer ops
-    minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
-    pdl: bool = True
-
-    def key(self) -> str:
-        wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
-        mb = f"_mb{self.minb}" if self.minb else ""
-        return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
-                f"_hw{self.hw}{mb}_pdl{int(self.pdl)}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Fp8Config:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown Fp8Config fields {sorted(unknown)}")
-        return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    def threads(self) -> int:
-        return 32 * self.warps_n * self.warps_k
-
-    def rows_per_block(self) -> int:
-        return 8 * self.tiles * self.warps_n
-
-    def grid(self, n: int) -> int:
-        return _cdiv(n, self.rows_per_block())
-
-    def iterations(self, k: int) -> int:
-        """Loop iterations per warp (K blocks / (warps_k * unroll))."""
-        return k // BLOCK // (self.warps_k * self.unroll)
-
-    def check(self, m: int, n: int, k: int) -> str | None:
-        """None if this config runs the shape, else the reason."""
-        if self.m_tile not in (8, 16):
-            return f"m_tile must be 8 or 16, got {self.m_tile}"
-        if not 1 <= m <= self.m_tile:
-            return f"M={m} outside 1..m_tile={self.m_tile}"
-        if n < 1:
-            return f"N={n} must be positive"
-        if k < BLOCK or k % BLOCK:
-            return f"K={k} must be a positive multiple of {BLOCK} (the kernel walks 128-wide K blocks)"
-        if self.tiles not in (1, 2, 4):
-            return "tiles must be 1, 2 or 4 (a warp's rows then lie in one 128-row scale block)"
-        if self.warps_n < 1 or self.warps_k < 1 or self.unroll < 1:
-            return "warps_n, warps_k and unroll must be positive"
-        kb = k // BLOCK
-        if kb % (self.warps_k * self.unroll):
-            return f"K/128={kb} not divisible by warps_k*unroll={self.warps_k * self.unroll}"
-        if self.threads() > 1024:
-            return f"{self.threads()} threads per block > 1024"
-        if self.ki not in (0, 1) or not 0 <= self.hw <= 4:
-            return "ki is 0/1, hw is 0..4"
-        if self.minb < 0 or self.minb * self.threads() > 2048:
-            return "minb * threads must be <= 2048"
-        return None
-
-
-def scale_kind(scale_shape, rows: int, k: int, operand: str) -> str:
-    """Kind of a scale tensor of shape ``scale_shape`` for an operand with ``rows`` rows and K = k
-    ("a": x [M, K], "b": w [N, K]). Shapes that fit two kinds (M = 1, or K = 128) mean the same
-    scaling either way. Raises ValueError naming the expected shapes."""
-    shape = tuple(int(s) for s in scale_shape)
-    numel = 1
-    for s in shape:
-        numel *= s
-    kb = _cdiv(k, BLOCK)
-    if numel == 1 and len(shape) <= 2:
-        return "tensor"
-    if operand == "a":
-        if shape in ((rows, 1), (rows,)):
-            return "row"
-        if shape == (rows, kb):
-            return "block"
-        want = f"() or [1] (tensor), [{rows}, 1] (row) or [{rows}, {kb}] (1x128 blocks)"
-    else:
-        if shape in ((rows, 1), (rows,)):
-            return "col"
-        if shape == (_cdiv(rows, BLOCK), kb):
-            return "block"
-        want = (f"() or [1] (tensor), [{rows}, 1] (per column) or [{_cdiv(rows, BLOCK)}, {kb}] "
-                "(128x128 blocks)")
-    raise ValueError(f"scale_{operand} shape {list(shape)} fits none of {want}")
-
-
-def _fits(cfg: Fp8Config, m: int, n: int, k: int) -> bool:
-    return cfg.check(m, n, k) is None
-
-
-def _wk_choices(kb: int, unroll: int, limit: int) -> list[int]:
-    return [w for w in range(1, min(limit, 32) + 1) if kb % (w * unroll) == 0]
-
-
-def default_fp8_config(m: int, n: int, k: int, sms: int = SMS) -> Fp8Config:
-    """Config by shape (H200 heuristics, not yet measured): 16 weight rows per warp where N gives
-    every SM two warps' worth of tiles, else 8; warps along K so the grid holds about 16 warps per
-    SM (up to 28 per block when there are fewer blocks than SMs); one K block per iteration; no
-    launch bound (with one, ptxas raised registers to the cap and spilled at several of the
-    DeepSeek-V3 shapes; without, 45-92 registers and every default grid fits on the GPU at once,
-    checked in tests/test_cute_fp8.py)."""
-    mt = 8 if m <= 8 else 16
-    if n < 1 or k < BLOCK or k % BLOCK:
-        raise ValueError(f"no fp8 config for N={n} K={k}: K must be a positive multiple of {BLOCK}")
-    nt = _cdiv(n, 8)
-    tiles = 2 if nt >= 2 * sms else 1
-    blocks = _cdiv(nt, tiles)
-    kb = k // BLOCK
-    target = max(1, (16 * sms) // blocks)  # warps per block for ~16 warps per SM
-    cap = 32 if blocks < sms else 16
-    wk = max(_wk_choices(kb, 1, min(target, cap)) or [1])
-    return Fp8Config(m_tile=mt, tiles=tiles, warps_k=wk, unroll=1)
-
-
-def fp8_configs_for(m: int, n: int, k: int, limit: int = 12, sms: int = SMS) -> list[Fp8Config]:
-    """The default and its neighbours (for a sweep): conversion split, launch bound, K split,
-    unroll, tiles per warp, K order, warps along N."""
-    base = default_fp8_config(m, n, k)
-    kb = k // BLOCK
-    rep = dataclasses.replace
-    cands = [base, rep(base, hw=4), rep(base, hw=0)]
-    per_sm = _cdiv(base.grid(n), sms)
-    if per_sm * base.threads() <= 512:  # a launch bound that still leaves >= 128 registers
-        cands.append(rep(base, minb=per_sm))
-    for wk in (base.warps_k // 2, base.warps_k * 2):
-        if wk >= 1 and kb % wk == 0:
-            cands.append(rep(base, warps_k=wk))
-    if kb % (base.warps_k * 2) == 0:
-        cands.append(rep(base, unroll=2))
-    elif base.warps_k % 2 == 0:
-        cands.append(rep(base, warps_k=base.warps_k // 2, unroll=2))
-    for t in (1, 2, 4):
-        if t != base.tiles and (t < 4 or base.threads() <= 256):  # 4 tiles spilled at 896 threads
-            cands.append(rep(base, tiles=t))
-    cands.append(rep(base, ki=0))
-    if base.threads() <= 512:
-        cands.append(rep(base, warps_n=2))
-    out: list[Fp8Config] = []
-    for c in cands:
-        if c not in out and _fits(c, m, n, k):
-            out.append(c)
-    return out[:limit]
-
-
-# --------------------------------------------------------------------------------------
-# conversion
-# --------------------------------------------------------------------------------------
-# Integer e4m3 -> f16 conversion of one 32-bit word (bytes b0..b3, b0 lowest), 2^-8 times the
-# value, exact for every finite e4m3 input (subnormals included): an e4m3 byte s.eeee.mmm placed
-# as f16 bits s.0eeee.mmm0000000 is the same significand with the exponent bias 15 instead of 7.
-# Odd bytes (b1, b3) already sit in the high byte of each 16-bit half; even bytes are moved there.
-# One program, rendered as the kernel's PTX (bits_ptx) and interpreted by bits_words (tests).
-BITS_SIGN = 0x80008000
-BITS_MAG = 0x3F803F80
-BITS_PROGRAM = (  # (op, dst, src, immediate); q = input word, d0 / d1 = the two f16x2 outputs
-    ("shl", "m", "q", 7), ("and", "m", "m", BITS_MAG),
-    ("shl", "s", "q", 8), ("and", "s", "s", BITS_SIGN), ("or", "d0", "m", "s"),
-    ("shr", "m", "q", 1), ("and", "m", "m", BITS_MAG),
-    ("and", "s", "q", BITS_SIGN), ("or", "d1", "m", "s"),
+from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
+    _A_CODE,
+    _B_CODE,
+    BITS_PROGRAM,
+    BLOCK,
+    FP8_MAX_M,
+    SCALE_A_KINDS,
+    SCALE_B_KINDS,
+    SMS,
+    Fp8Config,
+    bits_ptx,
+    bits_words,
+    default_fp8_config,
+    fp8_configs_for,
+    scale_kind,
+    word_byte_order,
 )
-
-
-def bits_ptx() -> str:
-    """BITS_PROGRAM as the body of an inline-asm block ($0, $1 = d0, d1; $2 = q)."""
-    reg = {"q": "$2", "d0": "$0", "d1": "$1", "m": "m", "s": "s"}
-    lines = ["{", ".reg .b32 m, s;"]
-    for op, dst, src, imm in BITS_PROGRAM:
-        arg = reg[imm] if isinstance(imm, str) else (f"{imm:#x}" if imm > 31 else str(imm))
-        lines.append(f"{op}.b32 {reg[dst]}, {reg[src]}, {arg};")
-    return "\n\t".join(lines + ["}"])
-
-
-def bits_words(q):
-    """Interpret BITS_PROGRAM on q (an int or a numpy uint32/int64 array): (d0, d1) =
-    (f16x2 of (b0, b2), f16x2 of (b1, b3)), low half first."""
-    r = {"q": q & 0xFFFFFFFF}
-    for op, dst, src, imm in BITS_PROGRAM:
-        a = r[src]
-        b = r[imm] if isinstance(imm, str) else imm
-        if op == "shl":
-            v = a << b
-        elif op == "shr":
-            v = a >> b
-        elif op == "and":
-            v = a & b
-        else:
-            v = a | b
-        r[dst] = v & 0xFFFFFFFF
-    return r["d0"], r["d1"]
-
-
-def word_byte_order(method: str) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Which bytes of a word land in (register 0 low/high half, register 1 low/high half):
-    "hw" per the PTX ISA for cvt.rn.f16x2.e4m3x2 (low byte to the low half), "bits" per
-    BITS_PROGRAM. Correctness does not depend on it: x and the weights use the same method for
-    the same word, so they see the same permutation."""
-    return ((0, 2), (1, 3)) if method == "bits" else ((0, 1), (2, 3))
 
 
 # --------------------------------------------------------------------------------------
@@ -420,7 +206,7 @@ def _out_code(out_dtype) -> int:
 
 # the files the kernel is built from (part of its disk-cache key; a test checks it covers the
 # package modules fp8_kernels.py and fp8_lane.py import)
-KERNEL_SOURCES = ("fp8.py", "fp8_lane.py", "fp8_kernels.py", "ptx.py", "kernels.py")
+KERNEL_SOURCES = ("fp8.py", "fp8_config.py", "fp8_lane.py", "fp8_kernels.py", "ptx.py", "kernels.py")
 
 
 def _tag(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int, arch: str) -> tuple[str, str]:

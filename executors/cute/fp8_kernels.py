@@ -17,7 +17,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, Uint8
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .fp8 import Fp8Config, bits_ptx
+from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
 from .kernels import _imin, _SmemAllocator
 from .ptx import ld_act_v4, ld_weights_v4, pdl_wait

@@ -19,7 +19,7 @@ output column n_tile0 + 8 r + 2 t + e % 2 (the mma C fragment).
 
 from __future__ import annotations
 
-from .fp8 import BLOCK, Fp8Config
+from .fp8_config import BLOCK, Fp8Config
 
 __all__ = ["LaneProgram", "k_block", "scale_a_index", "scale_b_index", "acc_entries"]
 

@@ -120,7 +120,7 @@ def time_op(op, specs, bind, cands, iters=20, trials=5, nsets=4, log=None, dev="
     import torch
 
     from ..backends.registry import _REGISTRY
-    from .tune import time_graphs
+    from .timing import time_graphs
     bctx = SimpleNamespace(specs=dict(zip(op.inputs(), specs, strict=True)), params=bind, device=dev)
     sets = [op_inputs(op, specs, bind, seed=11 + i, device=dev) for i in range(nsets)]
     ref = reference(op, specs, sets[0])
