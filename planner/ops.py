@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .expr import Bin, Call, Num
-from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim, same_shape
+from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim
 from .opbase import lift as _lift
 from .opbase import norm_dim as _norm_dim
 from .opbase import out_spec as _out
@@ -25,7 +25,7 @@ from .ops_pointwise import (
     RmsNorm,
     Rope,
     SiluAndMul,
-    _norm_weight,
+    residual_norm_specs,
 )
 from .shapes import DTYPES, FP8_DTYPES, TensorSpec, fmt_dim, fmt_shape
 
@@ -174,22 +174,7 @@ class AllReduceAddRmsNorm(OpBase):
         ctx.group(self.group, "group")
         if x.dtype not in FLOAT_DTYPES:
             ctx.fail(f"needs a bf16, fp16 or fp32 input; '{x.name}' is {x.dtype}", "x")
-        if not same_shape(ctx, x, r):
-            ctx.fail(f"shape mismatch: '{self.x}' is {fmt_shape(x.shape)} but '{self.residual}' is"
-                     f" {fmt_shape(r.shape)}", "residual")
-        if r.dtype != x.dtype:
-            ctx.fail(f"dtype mismatch: '{self.x}' is {x.dtype} but '{self.residual}' is {r.dtype}", "residual")
-        _norm_weight(ctx, x, w)
-        alias = {}
-        if self.inplace:
-            if r.producer is None:
-                ctx.fail(f"inplace: '{self.residual}' is a plan {r.kind}; only values the plan makes can be"
-                         " overwritten", "residual")
-            if (r.alias_of is not None and not r.meta.get("inplace")) or not r.contiguous:
-                ctx.fail(f"inplace: '{self.residual}' is a view of '{r.alias_of}'; writing it would change that"
-                         " tensor too", "residual")
-            alias = {"alias_of": self.residual, "meta": {"inplace": True}}
-        return [_out(self, ctx, x.shape, x.dtype, 0), _out(self, ctx, x.shape, x.dtype, 1, **alias)]
+        return residual_norm_specs(self, ctx, x, r, w, ((self.residual, r, "residual", 1),))
 
 
 # ---------------------------------------------------------------- compute

@@ -71,26 +71,7 @@ class AddRmsNorm(OpBase):
         check_outs(self, ctx, 2)
         x, r, w = ctx.tensor(self.x, "x"), ctx.tensor(self.residual, "residual"), ctx.tensor(self.w, "w")
         _float(ctx, x, "x")
-        if not same_shape(ctx, x, r):
-            ctx.fail(f"shape mismatch: '{self.x}' is {fmt_shape(x.shape)} but '{self.residual}' is"
-                     f" {fmt_shape(r.shape)}", "residual")
-        if r.dtype != x.dtype:
-            ctx.fail(f"dtype mismatch: '{self.x}' is {x.dtype} but '{self.residual}' is {r.dtype}", "residual")
-        _norm_weight(ctx, x, w)
-        alias = {}
-        if self.inplace:
-            for name, t, f in ((self.x, x, "x"), (self.residual, r, "residual")):
-                if t.producer is None:
-                    ctx.fail(f"inplace: '{name}' is a plan {t.kind}; only values the plan makes can be"
-                             " overwritten", f)
-                if (t.alias_of is not None and not t.meta.get("inplace")) or not t.contiguous:
-                    ctx.fail(f"inplace: '{name}' is a view of '{t.alias_of}'; writing it would change that"
-                             " tensor too", f)
-            # the results live in the inputs' memory: new values there, not views of them
-            alias = [{"alias_of": self.x, "meta": {"inplace": True}},
-                     {"alias_of": self.residual, "meta": {"inplace": True}}]
-        return [out_spec(self, ctx, x.shape, x.dtype, 0, **(alias[0] if alias else {})),
-                out_spec(self, ctx, x.shape, x.dtype, 1, **(alias[1] if alias else {}))]
+        return residual_norm_specs(self, ctx, x, r, w, ((self.x, x, "x", 0), (self.residual, r, "residual", 1)))
 
 
 class _GatedAct(OpBase):
@@ -185,3 +166,26 @@ class Rope(OpBase):
             ctx.fail(f"cos_sin_cache '{self.cos_sin_cache}' must be fp32 [max_pos, {d}] (cos | sin halves),"
                      f" got {cache.dtype}{fmt_shape(cache.shape)}", "cos_sin_cache")
         return [out_spec(self, ctx, q.shape, q.dtype, 0), out_spec(self, ctx, k.shape, k.dtype, 1)]
+
+
+def residual_norm_specs(op, ctx, x, r, w, overwritten) -> list:
+    """The (normed, new residual) specs of a residual-add + RMSNorm over x, residual r and weight w;
+    with op.inplace, each (name, spec, field, output index) of `overwritten` is written over."""
+    if not same_shape(ctx, x, r):
+        ctx.fail(f"shape mismatch: '{op.x}' is {fmt_shape(x.shape)} but '{op.residual}' is"
+                 f" {fmt_shape(r.shape)}", "residual")
+    if r.dtype != x.dtype:
+        ctx.fail(f"dtype mismatch: '{op.x}' is {x.dtype} but '{op.residual}' is {r.dtype}", "residual")
+    _norm_weight(ctx, x, w)
+    alias: list[dict] = [{}, {}]
+    if op.inplace:
+        for name, t, f, i in overwritten:
+            if t.producer is None:
+                ctx.fail(f"inplace: '{name}' is a plan {t.kind}; only values the plan makes can be"
+                         " overwritten", f)
+            if (t.alias_of is not None and not t.meta.get("inplace")) or not t.contiguous:
+                ctx.fail(f"inplace: '{name}' is a view of '{t.alias_of}'; writing it would change that"
+                         " tensor too", f)
+            # the result lives in the input's memory: a new value there, not a view of it
+            alias[i] = {"alias_of": name, "meta": {"inplace": True}}
+    return [out_spec(op, ctx, x.shape, x.dtype, 0, **alias[0]), out_spec(op, ctx, x.shape, x.dtype, 1, **alias[1])]
