@@ -238,9 +238,10 @@ class Executor:
                 if r not in chosen:
                     chosen[r] = g.choose(facts)
         self.last_variants = chosen
-        # keep no intermediate alive past the call: under a CUDA graph (cudagraph trees) every live
-        # allocation of the pool must be an output
-        facts.tensors = GateTensors(inputs, self._specs, facts.dims)
+        # keep no tensor of the call alive past it (not even its inputs: in a compiled model they
+        # can be intermediates of the caller's graph): under cudagraph trees every live allocation
+        # of the graph pool must be an output
+        facts.tensors = GateTensors({}, self._specs, facts.dims)
         self.last_facts = facts
         if tracing:
             self.last_trace = self._trace_records(recs)

@@ -187,6 +187,10 @@ ops:
         return t
     ex = build_executor(cp, {"w": torch.randn(32, 64, dtype=torch.bfloat16),
                              "w2": torch.randn(16, 64, dtype=torch.bfloat16)}, externs={"scale2": scale2})
-    out = ex(x=torch.randn(5, 64, dtype=torch.bfloat16))
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    x_ref = weakref.ref(x)
+    out = ex(x=x)
+    del x
     assert out["y"].shape == (5, 32) and len(made) == 1
     assert made[0]() is None, "an intermediate is still referenced after the call"
+    assert x_ref() is None, "the call's input is still referenced after the call"
