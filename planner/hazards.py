@@ -28,7 +28,7 @@ from .errors import Diagnostic, PlanError
 from .expr import Bin, Name, eval_int, free_names, parse
 from .graph import Compiled, compatible
 from .ops import COLLECTIVES, VIEW_OPS
-from .ordering import happens_before, is_view
+from .ordering import Order, happens_before, is_view
 from .predicates import RANK_VARYING
 
 __all__ = ["check_hazards", "HazardError"]
@@ -56,12 +56,13 @@ def _loc(cp: Compiled, op_id: str):
     return locs.get(base)
 
 
-def check_hazards(cp: Compiled) -> None:
+def check_hazards(cp: Compiled, order: Order | None = None) -> None:
+    """order: the ordering verify() already proved (built here when not given)."""
     _collective_streams(cp)
     _rank_varying_collectives(cp)
     _capture_legal(cp)
     if cp.schedule and "derive-events" in cp.passes_run:
-        hb = happens_before(cp)
+        hb = happens_before(cp, order)
         _writes(cp, hb)
         _reuse(cp, hb)
 

@@ -58,7 +58,7 @@ def verify(cp: Compiled) -> Order | None:
             raise VerifyError(f"plan output {o} is gone")
     _verify_shapes(cp)
     order = _verify_schedule(cp, events="derive-events" in cp.passes_run) if cp.schedule else None
-    check_hazards(cp)  # cross-stream buffer hazards, collective order, capture legality (planner.hazards)
+    check_hazards(cp, order)  # cross-stream buffer hazards, collective order, capture legality (planner.hazards)
     return order
 
 
