@@ -21,9 +21,11 @@ from planner.tuning import (
     load_tuning,
     match_tuning,
     parse_signature,
+    validate_tuning,
 )
 
 from .backends.gemm import gemm_runner
+from .backends.registry import impl_of
 from .dtypes import torch_dtype
 from .errors import BuildError
 
@@ -75,16 +77,12 @@ def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
         return {"limits": {k: int(v) for k, v in tuning.items()}}, "tuning= (limits " + ", ".join(
             f"{k}={v}" for k, v in tuning.items()) + ")"
     try:
-        data = check_limits(load_tuning(tuning) if where == "tuning=" else _validated(tuning, where),
+        data = check_limits(load_tuning(tuning) if where == "tuning=" else validate_tuning(tuning, where),
                             plan.tuned, where, plan.name)
     except ValueError as exc:
         raise BuildError(str(exc)) from None
     return data, (where if where != "tuning=" else "tuning= (dict)")
 
-
-def _validated(data, where):
-    from planner.tuning import validate_tuning
-    return validate_tuning(data, where)
 
 
 def gemm_table(tuning: dict) -> dict:
@@ -142,7 +140,6 @@ def tuned_keyed(op, specs, params, dims, table: dict, fallback, bctx):
     run `fallback`."""
     from planner.cost import TUNABLE_KINDS, signature_key
 
-    from .backends.registry import _REGISTRY
     if not table or getattr(op, "backend", "auto") not in (None, "auto"):
         return None  # an explicitly named backend wins over tuning
     if op.op not in TUNABLE_KINDS and not (op.op == "gemm" and getattr(op, "scaled", False)):
@@ -152,7 +149,7 @@ def tuned_keyed(op, specs, params, dims, table: dict, fallback, bctx):
         return None
     made = {}
     for e in entries.values():
-        impl = _REGISTRY.get((op.op, e["backend"]))
+        impl = impl_of(op.op, e["backend"])
         if impl is None:
             raise BuildError(f"tuning names backend '{e['backend']}' for {op.op}, which has none of that name")
         if e["backend"] not in made:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import BuildError
 
-__all__ = ["Impl", "register", "registered", "find", "UnsupportedOp", "DEFAULT_PRIORITY"]
+__all__ = ["Impl", "register", "registered", "impl_of", "find", "UnsupportedOp", "DEFAULT_PRIORITY"]
 
 
 class UnsupportedOp(BuildError):
@@ -59,6 +59,11 @@ def register(kind: str, backend: str, supports: Callable | None = None, placemen
         _REGISTRY[(kind, backend)] = Impl(kind, backend, fn, supports or _always, placement)
         return fn
     return deco
+
+
+def impl_of(kind: str, backend: str) -> Impl | None:
+    """The implementation registered as `backend` for `kind`, if any (no capability check)."""
+    return _REGISTRY.get((kind, backend))
 
 
 def registered(kind: str) -> list[str]:

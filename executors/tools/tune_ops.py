@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 from planner.cost import TUNABLE_KINDS, op_signature
 
+from ..backends.registry import impl_of
+
 __all__ = ["keyed_ops", "op_candidates", "op_inputs", "reference", "time_op", "tune_keyed"]
 
 
@@ -42,13 +44,12 @@ def keyed_ops(cp, dim: str, buckets: list) -> dict:
 def op_candidates(op, specs, device: str) -> list[str]:
     """Backends registered for op's kind that can run it here; torch first."""
     from ..backends import backends_for
-    from ..backends.registry import _REGISTRY
     out = ["torch"]
     for be in backends_for(op.op):
         if be == "torch" or (op.op == "gemm" and be == "flashinfer"):  # plain "flashinfer" = one of the named ones
             continue
         try:
-            why = _REGISTRY[(op.op, be)].supports(op, specs, device)
+            why = impl_of(op.op, be).supports(op, specs, device)
         except Exception as exc:  # noqa: BLE001 - a failing checker means "cannot run"
             why = str(exc)
         if why is None:
@@ -119,7 +120,6 @@ def time_op(op, specs, bind, cands, iters=20, trials=5, nsets=4, log=None, dev="
     """{backend: us | None}: None where the candidate failed or disagreed with the reference."""
     import torch
 
-    from ..backends.registry import _REGISTRY
     from .timing import time_graphs
     bctx = SimpleNamespace(specs=dict(zip(op.inputs(), specs, strict=True)), params=bind, device=dev)
     sets = [op_inputs(op, specs, bind, seed=11 + i, device=dev) for i in range(nsets)]
@@ -128,7 +128,7 @@ def time_op(op, specs, bind, cands, iters=20, trials=5, nsets=4, log=None, dev="
     inplace = getattr(op, "inplace", False)
     for be in cands:
         try:
-            run = _REGISTRY[(op.op, be)].make(op, bctx)
+            run = impl_of(op.op, be).make(op, bctx)
             ins = [t.clone() for t in sets[0]]
             poisoned = None
             if op.op in ("rmsnorm", "silu_and_mul", "gelu_and_mul", "gemm"):
