@@ -40,18 +40,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from executors import build_executor  # noqa: E402
-from executors.backends.torch_pointwise import add_rmsnorm_ref  # noqa: E402
-from executors.tools.bench import env_info, log, parse_tokens, time_graphs_dist, write_report  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
-from planner.tuning import fusion_key, load_tuning, new_tuning, save_tuning  # noqa: E402
+from executors import build_executor
+from executors.backends.torch_pointwise import add_rmsnorm_ref
+from executors.tools.bench import env_info, log, parse_tokens, time_graphs_dist, write_report
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
+from planner.tuning import fusion_key, load_tuning, new_tuning, save_tuning
 
 TOKENS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]
 EPS = 1e-6

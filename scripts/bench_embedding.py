@@ -5,8 +5,11 @@ weight memory, and shipped tuning vs the tuning file.
 Per M (decode tokens, 1..16), us per KDA layer step, 4 weight sets rotated (4 layers called in
 one forward, one weight set each; the L2 is 60 MB, one layer's weights 90 MB):
   bare       4 executors (build_executor, no tuning argument) called in one torch.cuda.graph
-  ro         the same 4-layer nn.Module, torch.compile(mode="reduce-overhead", fullgraph=True,
-             dynamic=True, token dim unbacked): CUDA graph trees replay it (input copy included)
+  ro         the same 4-layer nn.Module, torch.compile(mode="reduce-overhead", fullgraph=True),
+             one static-shape compile per M: CUDA graph trees replay it, x copied into the
+             graph's static input every call (x is a fresh input of the compiled function)
+  ro_static  the same with x marked a static address (torch._dynamo.mark_static_address), as
+             when x comes from the engine's static buffers: no input copy
   pw_piece   a vLLM-style piecewise layout: the compiled module split in two FX pieces
              (a pre-op; the 4 executor ops), each captured in its own CUDA graph: the piece
              holding the ops, replayed alone
@@ -16,15 +19,18 @@ one forward, one weight set each; the L2 is 60 MB, one layer's weights 90 MB):
   file       4 executors built with tuning=results/tuning/2026-11-30_h200_k3_kda_projection_s8.json
   defaults   4 executors built with tuning={} (the plan's defaults: two_branch at M <= 2)
   floor      weight bytes (6288x7168 + 1536x128, bf16) / HBM read bandwidth measured here
-Targets: ro/bare and pw_piece/bare <= 1.02; bare/floor within 2 % of prev/floor; bare (no tuning
+Targets: ro_static/bare and pw_piece/bare <= 1.02 (ro/bare shows the input copy's cost); bare/floor within 2 % of prev/floor; bare (no tuning
 argument) within 1 % of file. Memory: torch.cuda.memory_allocated() after building --layers
 executors (weights prepared in place) minus the weights' bytes <= 1 % of the weights.
 
 Correctness first, per path and M: fresh random x, outputs NaN-poisoned before the replay
 (graph paths) or overwritten by a second call (reduce-overhead), against fp32 references
 (cosine > 0.999, rel < 1e-2; g1's reference uses the bf16-rounded f_a). Timing: per call, a
-spin kernel first so the CPU has queued the call before the GPU reaches it, CUDA events
-around one call (4 steps), median of --trials, paths in a new random order every trial.
+spin kernel of --spin-cycles first (2 ms: longer than any path's host cost, so the GPU times
+the captured work alone), CUDA events around one call (4 steps), median of --trials, paths in a
+new random order every trial. The host's cost of issuing one call (from an idle GPU, Dynamo's
+guards and CUDA graph trees' bookkeeping included) is timed separately per path (*_host_us):
+it is paid once per forward, whatever the number of layers the graph holds.
 
     python scripts/bench_embedding.py --out results/embedding
     python scripts/bench_embedding.py --dry-run          # CPU, small shapes, no graphs
@@ -42,7 +48,7 @@ from torch import nn
 from executors import build_executor
 from executors.tools.bench import env_info, log, parse_tokens, write_report
 from executors.tools.check import compile_for_run
-from executors.tools.timing import call_times, hbm_bandwidth
+from executors.tools.timing import call_times, hbm_bandwidth, host_times
 from executors.weights import prepare_weights
 from planner.lang.loader import load_plan
 
@@ -173,11 +179,6 @@ class _Call(nn.Module):
 
 # ------------------------------------------------------------------ timing
 
-def time_calls(fns: dict, trials: int, cuda: bool) -> dict:
-    """{name: median us of one call} (executors.tools.timing.call_times)."""
-    return call_times(fns, trials, cuda)
-
-
 def memory_section(plan, dev, layers: int) -> dict:
     # per-process state first (cuBLAS handle and its workspace come from the caching allocator
     # once per process and stream, not per executor)
@@ -207,6 +208,8 @@ def main() -> int:
     ap.add_argument("--tokens", default="1..16")
     ap.add_argument("--layers", type=int, default=8, help="KDA executors built for the memory check")
     ap.add_argument("--trials", type=int, default=41)
+    ap.add_argument("--spin-cycles", type=int, default=4_000_000,
+                    help="GPU spin queued ahead of each timed call (default about 2 ms)")
     ap.add_argument("--out", default=None, help="directory for the .json/.md/.csv report")
     ap.add_argument("--stem", default=None, help="report file name stem (default: <date>_<device>_embedding)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, small shapes, no graphs")
@@ -237,7 +240,9 @@ def main() -> int:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    ro = torch.compile(Layers(bare), mode="reduce-overhead" if cuda else "default", fullgraph=True, dynamic=False)
+    ro_mode = "reduce-overhead" if cuda else "default"
+    ro = torch.compile(Layers(bare), mode=ro_mode, fullgraph=True, dynamic=False)
+    ro_static = torch.compile(Layers(bare), mode=ro_mode, fullgraph=True, dynamic=False)
     pw_backend = Piecewise(cuda)
     pw = torch.compile(Layers(bare, pre=True), backend=pw_backend, fullgraph=True, dynamic=True)
     prev = None
@@ -257,6 +262,8 @@ def main() -> int:
     for m in tokens:
         x = torch.randn(m, plan.params["hidden"], device=dev).bfloat16()
         x_pw = x.clone()  # marked for the dynamic piecewise compile only
+        x_st = x.clone()
+        torch._dynamo.mark_static_address(x_st)
         if first:
             torch._dynamo.decorators.mark_unbacked(x_pw, 0)
             first = False
@@ -277,7 +284,7 @@ def main() -> int:
             row[f"{name}_variant"] = mod.exs[0].last_variants.get("kda_projection.0")
             if bad:
                 failures.append(f"M={m} {name}: {bad}")
-        for name, f, xin in (("ro", ro, x), ("pw_all", pw, x_pw)):
+        for name, f, xin in (("ro", ro, x), ("ro_static", ro_static, x_st), ("pw_all", pw, x_pw)):
             for _ in range(2):  # warm-up / record runs of CUDA graph trees and the pieces
                 out = f(xin)
             for t in out:
@@ -304,13 +311,17 @@ def main() -> int:
                 failures.append(f"M={m} prev: {bad}")
             fns["prev"] = g.replay
         torch.cuda.synchronize() if cuda else None
-        t = time_calls(fns, args.trials, cuda)
+        t = call_times(fns, args.trials, cuda, spin_cycles=args.spin_cycles)
         for n, us in t.items():
             row[f"{n}_us"] = round(us / NSETS, 3)
+        for n, us in host_times({k: fns[k] for k in ("bare", "ro", "ro_static", "pw_all") if k in fns},
+                                max(5, args.trials // 4), cuda).items():
+            row[f"{n}_host_us"] = round(us, 1)  # per call (4 steps), not per step
         floor = wbytes / (bw["sum_read_TBps"] * 1e6) if bw else None
         row["floor_us"] = None if floor is None else round(floor, 3)
         b = row["bare_us"]
         row["ro_over_bare"] = round(row["ro_us"] / b, 4)
+        row["ro_static_over_bare"] = round(row["ro_static_us"] / b, 4)
         row["pw_all_over_bare"] = round(row["pw_all_us"] / b, 4)
         if "pw_piece_us" in row:
             row["pw_piece_over_bare"] = round(row["pw_piece_us"] / b, 4)
@@ -324,14 +335,19 @@ def main() -> int:
         log(f"[M={m}] " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "M"))
         rows.append(row)
     meta["failures"] = failures
-    cols = [("M", "M", ""), ("bare_us", "bare", ".2f"), ("ro_us", "ro", ".2f"), ("ro_over_bare", "ro/bare (<=1.02)", ".3f"),
+    cols = [("M", "M", ""), ("bare_us", "bare", ".2f"), ("ro_static_us", "ro static", ".2f"),
+            ("ro_static_over_bare", "ro static/bare (<=1.02)", ".3f"), ("ro_us", "ro", ".2f"),
+            ("ro_over_bare", "ro/bare", ".3f"),
             ("pw_piece_us", "pw piece", ".2f"), ("pw_piece_over_bare", "piece/bare (<=1.02)", ".3f"),
             ("pw_all_us", "pw all", ".2f"), ("prev_us", "prev", ".2f"), ("floor_us", "floor", ".2f"),
             ("bare_over_floor", "bare/floor", ".3f"), ("prev_over_floor", "prev/floor", ".3f"),
             ("bare_over_prev", "bare/prev (<=1.02)", ".3f"), ("file_us", "file", ".2f"),
             ("bare_over_file", "bare/file (<=1.01)", ".3f"), ("defaults_us", "defaults", ".2f"),
-            ("bare_variant", "variant", ""), ("defaults_variant", "defaults variant", "")]
-    notes = ["us per KDA layer step (one call runs 4 steps, one per weight set).",
+            ("bare_variant", "variant", ""), ("defaults_variant", "defaults variant", ""),
+            ("bare_host_us", "host: bare", ".1f"), ("ro_static_host_us", "host: ro static", ".1f"),
+            ("ro_host_us", "host: ro", ".1f"), ("pw_all_host_us", "host: pw all", ".1f")]
+    notes = ["us per KDA layer step (one call runs 4 steps, one per weight set), GPU time behind a"
+             f" {args.spin_cycles}-cycle spin; host: us to issue one whole call (4 steps) from an idle GPU.",
              f"tuning with no argument: {meta['tuning_source']}"]
     if "memory" in meta:
         mm = meta["memory"]

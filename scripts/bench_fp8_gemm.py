@@ -43,12 +43,10 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import executors.cute as ec  # noqa: E402
-from executors.cute import fp8  # noqa: E402
+import executors.cute as ec
+from executors.cute import fp8
 
 SHAPES = {  # name: (N, K) per rank
     "dsv3_qkv_a": (2112, 7168),  # fused q_a / kv_a (1536 + 576)

@@ -26,8 +26,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 DECODE = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 PREFILL = [2048, 8192]
 

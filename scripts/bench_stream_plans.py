@@ -32,18 +32,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from executors import build_executor  # noqa: E402
-from executors.tools.bench import close_report, env_info, log, parse_tokens, write_report  # noqa: E402
-from executors.tools.externs import model_externs, rmsnorm, rope, routed_experts, silu_and_mul  # noqa: E402
-from executors.tools.tune import time_graphs  # noqa: E402
-from planner.config import CompileConfig  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.ops import COLLECTIVES, VIEW_OPS  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
+from executors import build_executor
+from executors.tools.bench import close_report, env_info, log, parse_tokens, write_report
+from executors.tools.externs import model_externs, rmsnorm, rope, routed_experts, silu_and_mul
+from executors.tools.tune import time_graphs
+from planner.config import CompileConfig
+from planner.lang.loader import load_plan
+from planner.ops import COLLECTIVES, VIEW_OPS
+from planner.pipeline import compile_plan
 
 PLANS = {"mla": ROOT / "plans" / "dsv3_mla_input_proj.yaml", "moe": ROOT / "plans" / "dsv3_moe_shared_expert.yaml"}
 DRY = {"mla": {"hidden": 64, "q_lora_rank": 32, "kv_lora_rank": 16, "rope_dim": 8, "heads": 4, "qk_head_dim": 16,

@@ -22,14 +22,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from executors.lowering import build_executor  # noqa: E402
-from planner.config import CompileConfig  # noqa: E402
-from planner.lang.loader import load_plan  # noqa: E402
-from planner.pipeline import compile_plan  # noqa: E402
+from executors.lowering import build_executor
+from planner.config import CompileConfig
+from planner.lang.loader import load_plan
+from planner.pipeline import compile_plan
 
 PLAN = ROOT / "tests" / "plans" / "gated_race.yaml"
 

@@ -8,6 +8,7 @@ tune, bench and the scripts in scripts/ time through these functions:
   time_graphs_dist the same for paths with collectives: barriers, a device-side rendezvous, max over ranks
   eager_times      median wall-clock us per step of eager calls (eager_times_dist: max over ranks)
   call_times       median us of single calls fn(): CUDA events behind a spin kernel, or wall clock
+  host_times       median us the host spends issuing single calls fn()
   median_event_us  median CUDA-event time of one call
   hbm_bandwidth, peer_bandwidth   the floors the benches compare against
 """
@@ -19,7 +20,7 @@ import statistics
 import time
 
 __all__ = ["capture_steps", "replay_times", "time_graphs", "time_graphs_dist", "eager_times", "eager_times_dist",
-           "call_times", "median_event_us", "hbm_bandwidth", "peer_bandwidth"]
+           "call_times", "host_times", "median_event_us", "hbm_bandwidth", "peer_bandwidth"]
 
 
 def eager_times(fns: dict, iters: int, trials: int, sync=None) -> dict:
@@ -155,10 +156,11 @@ def time_graphs_dist(fns: dict, iters=20, trials=5, warmup=2, nsets=2) -> dict:
     return out
 
 
-def call_times(fns: dict, trials: int, cuda: bool) -> dict:
+def call_times(fns: dict, trials: int, cuda: bool, spin_cycles: int = 200_000) -> dict:
     """{name: median us of one call fn()}, the names in a new seeded random order per trial. On
-    the GPU: CUDA events around the call with a spin kernel queued ahead of it, so the host's
-    launch cost shows only where it exceeds the GPU time; else wall clock."""
+    the GPU: CUDA events around the call with a spin kernel of `spin_cycles` queued ahead of it,
+    so the host's launch cost shows only where it exceeds the spin (about 0.1 ms at the default;
+    a spin longer than any path's host cost times the GPU's work alone); else wall clock."""
     import torch
     times = {n: [] for n in fns}
     order, rng = list(fns), random.Random(0)
@@ -167,7 +169,7 @@ def call_times(fns: dict, trials: int, cuda: bool) -> dict:
         for n in order:
             if cuda:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(200_000)
+                torch.cuda._sleep(spin_cycles)
                 e0.record()
                 fns[n]()
                 e1.record()
@@ -177,6 +179,25 @@ def call_times(fns: dict, trials: int, cuda: bool) -> dict:
                 t0 = time.perf_counter()
                 fns[n]()
                 times[n].append((time.perf_counter() - t0) * 1e6)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def host_times(fns: dict, trials: int, cuda: bool) -> dict:
+    """{name: median us the host spends issuing one call fn()} (from an idle device: synchronized
+    before, the clock stopped when fn returns, before the device finishes)."""
+    import torch
+    times = {n: [] for n in fns}
+    order, rng = list(fns), random.Random(1)
+    for _ in range(trials):
+        rng.shuffle(order)
+        for n in order:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append((time.perf_counter() - t0) * 1e6)
+            if cuda:
+                torch.cuda.synchronize()
     return {n: statistics.median(v) for n, v in times.items()}
 
 
