@@ -22,10 +22,11 @@ Paths (out = bf16):
                  over 2 GiB, a read-only kernel)
 
 Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,2,4]
-       [--shapes qkv_a,qkvg] [--sweep] [--jobs 8] [--iters 20] [--trials 7]
-       python scripts/bench_fp8_gemm.py --precompile [--sweep] [--jobs 2]    (CPU, no GPU)
---sweep first times fp8.fp8_configs_for's candidates at M = 8 and 16 (block scales) and times the
-best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
+       [--shapes qkv_a,qkvg] [--sweep [near|grid]] [--jobs 8] [--iters 20] [--trials 7]
+       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid]] [--jobs 2]    (CPU, no GPU)
+--sweep first times config candidates at M = 8 and 16 (block scales: fp8.fp8_configs_for's
+one-setting neighbours of the default, or with `grid` fp8.fp8_config_grid's combinations) and
+times the best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
 (disk cache, $PLANNER_CACHE_DIR); --precompile only does that, for the GPU tests' kernels too
 (scripts/gpu/fp8_gemm.sh).
 """
@@ -375,8 +376,12 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
 
 
 # --------------------------------------------------------------------------------------
+def candidates(mode: str, m: int, n: int, k: int):
+    return fp8.fp8_config_grid(m, n, k) if mode == "grid" else fp8.fp8_configs_for(m, n, k)
+
+
 def sweep_shape(name, n, k, args, log, best):
-    """Times fp8_configs_for's candidates at M = 8 and 16 (one per m_tile: the kernel is the same
+    """Times the sweep's candidates (candidates()) at M = 8 and 16 (one per m_tile: the kernel is the same
     for every M of a bucket) and records the fastest correct one per bucket in best[name]."""
     wt = Weights(n, k, bf16=False)
     for m in (8, 16):
@@ -384,7 +389,7 @@ def sweep_shape(name, n, k, args, log, best):
             a = Acts(m, k)
             out = [torch.empty(m, n, device="cuda", dtype=BF16) for _ in range(NSETS)]
             fns = {}
-            for cfg in fp8.fp8_configs_for(m, n, k):
+            for cfg in candidates(args.sweep, m, n, k):
                 try:
                     a.refresh()
                     out[0].fill_(float("nan"))
@@ -443,7 +448,7 @@ def gpu_test_kernels() -> set:
     return out
 
 
-def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log, tests: bool = False):
+def precompile(shapes, ms, sweep: str | None, bf16: bool, jobs: int, log, tests: bool = False):
     """Compile every kernel the run needs for sm_90a into the disk cache (no GPU needed), in
     `jobs` processes (cute.compile is not thread-safe; processes are fine)."""
     import multiprocessing as mp
@@ -460,7 +465,7 @@ def precompile(shapes, ms, sweep: bool, bf16: bool, jobs: int, log, tests: bool 
                 want.add(("bf16", ec.default_config(m, n, k).to_json(), n, k, "", "", ""))
         if sweep:
             for m in (8, 16):
-                for c in fp8.fp8_configs_for(m, n, k):
+                for c in candidates(sweep, m, n, k):
                     want.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
     if tests:
         want |= gpu_test_kernels()
@@ -486,7 +491,9 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
-    ap.add_argument("--sweep", action="store_true", help="time the config candidates at M = 1, 8, 16")
+    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid"),
+                    help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
+                         " setting varied at a time), grid = fp8_config_grid (combinations)")
     ap.add_argument("--jobs", type=int, default=0, help="precompile in this many processes first")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 CuTe comparison")
     args = ap.parse_args()

@@ -4,16 +4,17 @@
 # path checked against an fp32 reference of the dequantized operands with poisoned outputs first.
 #   bash scripts/gpu/fp8_gemm.sh                 config sweep at M = 8, 16, then the table (fp8_tuned
 #                                                = the sweep's best per M bucket)
+#   SWEEP=grid bash scripts/gpu/fp8_gemm.sh      the sweep over fp8_config_grid's combinations
 #   MODE=table bash scripts/gpu/fp8_gemm.sh      the table with the default configs only
 # Precompile here first (CPU, same tree as carried):
-#   CUTE_DSL_ARCH=sm_90a PLANNER_CACHE_DIR=.planner_cache python scripts/bench_fp8_gemm.py --precompile --sweep --jobs 2
+#   CUTE_DSL_ARCH=sm_90a PLANNER_CACHE_DIR=.planner_cache python scripts/bench_fp8_gemm.py --precompile --sweep ${SWEEP:-near} --jobs 2
 # Without a carried cache the script compiles in JOBS (12) processes on the GPU machine first.
 # Writes $OUT/fp8_gemm/<RECORD>_fp8_gemm.{md,json,log} and _nvidia_smi.txt (4 files).
 . "$(dirname "$0")/common.sh"
 smi fp8_gemm
 md=$(record fp8_gemm fp8_gemm.md)
 log=$(record fp8_gemm fp8_gemm.log)
-sweep=--sweep
+sweep="--sweep ${SWEEP:-near}"
 [ "${MODE:-sweep}" = table ] && sweep=
 timeout "${BENCH_T:-560}" python3 scripts/bench_fp8_gemm.py $sweep --jobs "${JOBS:-12}" ${MS:+--ms "$MS"} \
   --out "$md" > "$log" 2>&1; echo "rc=$?" >> "$log"
