@@ -567,3 +567,53 @@ def test_gpu_graph_replay_side_stream(m):
         graph.replay()
         torch.cuda.synchronize()
         _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), f"graph M={m} rep {rep}", 6e-3)
+
+
+def test_measured_table_wins_where_it_runs_else_heuristic():
+    """default_fp8_config takes the measured row of its (N, K, m_tile), if that row runs the M;
+    other shapes, and an unfit row, get the heuristic; every shipped row runs its whole bucket."""
+    row = Fp8Config(m_tile=8, tiles=1, warps_k=7, unroll=2, hw=4).to_dict()
+    table = {(2112, 7168, 8): row}
+    assert fp8.default_fp8_config(5, 2112, 7168, table=table) == Fp8Config.from_dict(row)
+    assert fp8.default_fp8_config(12, 2112, 7168, table=table) == fp8.heuristic_fp8_config(12, 2112, 7168)
+    assert fp8.default_fp8_config(5, 4096, 512, table=table) == fp8.heuristic_fp8_config(5, 4096, 512)
+    unfit = {(2112, 7168, 8): {**row, "warps_k": 5}}  # 56 K blocks do not split 5 x 2 ways
+    assert fp8.default_fp8_config(5, 2112, 7168, table=unfit) == fp8.heuristic_fp8_config(5, 2112, 7168)
+    assert fp8.default_fp8_config(5, 2112, 7168, table={}) == fp8.heuristic_fp8_config(5, 2112, 7168)
+    from executors.cute.fp8_defaults import MEASURED
+    for (n, k, mt), d in MEASURED.items():
+        cfg = Fp8Config.from_dict(d)
+        assert cfg.m_tile == mt
+        for m in range(1 if mt == 8 else 9, mt + 1):
+            assert cfg.check(m, n, k) is None, ((n, k, mt), m)
+            assert fp8.default_fp8_config(m, n, k) == cfg
+
+
+def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    heur8 = fp8.heuristic_fp8_config(8, 2112, 7168)
+    heur16 = fp8.heuristic_fp8_config(16, 2112, 7168)
+    win = Fp8Config(m_tile=8, tiles=1, warps_k=7, unroll=2, hw=4)
+    close = Fp8Config(m_tile=16, tiles=1, warps_k=14, unroll=1, hw=4)
+    rec = {"rows": [{"shape": "qkv_a", "N": 2112, "K": 7168}],
+           "sweep": {"qkv_a": {"8": {"best": win.to_dict(), "best_us": 5.0,
+                                     "all_us": {win.key(): 5.0, heur8.key(): 6.0}},
+                               "16": {"best": close.to_dict(), "best_us": 6.95,
+                                      "all_us": {close.key(): 6.95, heur16.key(): 7.0}}}}}
+    src = tmp_path / "rec.json"
+    src.write_text(json.dumps(rec))
+    out = tmp_path / "table.py"
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"), str(src),
+                        "--out", str(out)], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    ns: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), ns)  # the generated module, read back
+    assert ns["MEASURED"] == {(2112, 7168, 8): win.to_dict()}
+    assert "heuristic kept" in r.stdout
+    bad = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"),
+                          str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr

@@ -27,7 +27,8 @@ Public API (torch / cutlass imported lazily: importing this module needs neither
 * ``supports_fp8(m_max, n, k, scale_a_kind, scale_b_kind, device)`` -> None or a reason
 * ``gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None)`` -> out (out_dtype None: out's
   dtype when out is given, else torch.bfloat16; torch.float32 also works)
-* ``Fp8Config``, ``default_fp8_config(m, n, k)``, ``fp8_configs_for(m, n, k)``,
+* ``Fp8Config``, ``default_fp8_config(m, n, k)`` (the measured table executors/cute/fp8_defaults.py,
+  else ``heuristic_fp8_config``), ``fp8_configs_for(m, n, k)``, ``fp8_config_grid(m, n, k)``,
   ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
 Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
@@ -50,6 +51,7 @@ __all__ = [
     "gemm_fp8",
     "scale_kind",
     "default_fp8_config",
+    "heuristic_fp8_config",
     "fp8_config_grid",
     "fp8_configs_for",
     "compile_fp8_for_arch",
@@ -71,6 +73,7 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     bits_ptx,
     bits_words,
     default_fp8_config,
+    heuristic_fp8_config,
     fp8_config_grid,
     fp8_configs_for,
     scale_kind,

@@ -10,6 +10,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from .fp8_defaults import MEASURED
+from .fp8_defaults import SMS as MEASURED_SMS
+
 BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
 FP8_MAX_M = 16
 SMS = 132  # H200 / H100 SXM streaming multiprocessors (config heuristics only)
@@ -135,8 +138,21 @@ def _wk_choices(kb: int, unroll: int, limit: int) -> list[int]:
     return [w for w in range(1, min(limit, 32) + 1) if kb % (w * unroll) == 0]
 
 
-def default_fp8_config(m: int, n: int, k: int, sms: int = SMS) -> Fp8Config:
-    """Config by shape (H200 heuristics, not yet measured): 16 weight rows per warp where N gives
+def default_fp8_config(m: int, n: int, k: int, sms: int = SMS, table: dict | None = None) -> Fp8Config:
+    """The measured best for this shape and M bucket where fp8_defaults lists one (`table`
+    overrides that table; {} means none), else heuristic_fp8_config."""
+    mt = 8 if m <= 8 else 16
+    rows = MEASURED if table is None else table
+    hit = rows.get((n, k, mt)) if sms == MEASURED_SMS or table is not None else None
+    if hit is not None:
+        cfg = Fp8Config.from_dict(hit)
+        if cfg.m_tile == mt and cfg.check(m, n, k) is None:
+            return cfg
+    return heuristic_fp8_config(m, n, k, sms)
+
+
+def heuristic_fp8_config(m: int, n: int, k: int, sms: int = SMS) -> Fp8Config:
+    """Config by shape (H200 heuristics): 16 weight rows per warp where N gives
     every SM two warps' worth of tiles, else 8; warps along K so the grid holds about 16 warps per
     SM (up to 28 per block when there are fewer blocks than SMs); one K block per iteration; no
     launch bound (with one, ptxas raised registers to the cap and spilled at several of the
