@@ -8,8 +8,9 @@ from .cost import CostModel
 from .graph import Compiled, compatible
 from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
+from .sharing import simulate_shared
 
-__all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "simulate", "variant_choice",
+__all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "simulate", "variant_choice",
            "issue_order", "graph_shape"]
 
 
@@ -112,6 +113,11 @@ def op_costs(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float]
     return {v: model.op_us(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
 
 
+def op_demand(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float]:
+    """op -> HBM bytes it moves at `bindings` (what concurrent ops share)."""
+    return {v: model.op_bytes(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
+
+
 def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
     """Region -> variant: `name` where the region has it, else the fallback."""
     variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in cp.plan.regions.items()}
@@ -123,8 +129,12 @@ def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
 
 
 def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: float = 1.0,
-             order: list | None = None, assign: dict | None = None, shape: tuple | None = None) -> tuple[float, dict]:
+             order: list | None = None, assign: dict | None = None, shape: tuple | None = None,
+             demand: dict | None = None, bytes_per_us: float = 0.0) -> tuple[float, dict]:
     """Makespan of the schedule on its streams; ops outside `choice` (or not in `order`) are skipped.
+
+    With `demand` (op -> HBM bytes) and the bandwidth `bytes_per_us`, ops running at once share
+    the bandwidth (sharing.simulate_shared); without, overlap is free.
 
     Streams run their ops in issue order; a cross-stream dependency costs event_us, and so
     do the fork (a side stream's first op waits for the caller's stream) and the join of
@@ -140,6 +150,8 @@ def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: fl
         order = [v for v in order if compatible(ctx_choice, g.nodes[v]["ctx"])]
     preds, views = shape or graph_shape(cp, order)
     streams = assign if assign is not None else {v: g.nodes[v]["stream"] for v in order}
+    if demand and bytes_per_us > 0 and len({streams[v] for v in order if v not in views}) > 1:
+        return simulate_shared(order, preds, views, streams, costs, demand, bytes_per_us, event_us)
     free: dict[str, float] = {}
     finish: dict[str, float] = {}
     real: dict[str, str | None] = {}  # the stream whose work a value waits for (views do no work)

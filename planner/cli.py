@@ -61,6 +61,8 @@ def _compile_args(p) -> None:
     p.add_argument("--packing", choices=["auto", "cat", "inplace"], default="auto",
                    help="fused-collective packing: zero-copy where producers allow (auto), always cat, or prefer in place")
     p.add_argument("--min-gain-us", type=float, default=1.0, help="a fork/join must save this much (default 1 us)")
+    p.add_argument("--free-overlap", action="store_true",
+                   help="rate overlapped ops as if they did not share HBM bandwidth (the older model)")
     p.add_argument("--device-profile", metavar="JSON", help="device profile overriding the H200 defaults")
     p.add_argument("--tuning", metavar="JSON", help="tuning file from `planner tune` (limits and measured times)")
     p.add_argument("--device-name", metavar="NAME", default=None,

@@ -53,6 +53,7 @@ def config_from_args(args, plan=None) -> CompileConfig:
     return CompileConfig(
         disable_passes=set(args.disable_pass), num_streams=args.streams, bucket_cap_mb=args.bucket_cap_mb,
         packing=args.packing, min_gain_us=args.min_gain_us, profile=profile,
+        share_bandwidth=not getattr(args, "free_overlap", False),
         tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},
         verify_each=getattr(args, "verify_each", False),
         dump_after=set(getattr(args, "dump_after", []) or []),

@@ -19,6 +19,7 @@ class CompileConfig:
     bucket_cap_mb: float = 512.0         # max bytes of one fused collective at the dims' maximum
     packing: str = "auto"                # auto | cat | inplace
     min_gain_us: float = 1.0             # a fork/join must save at least this much
+    share_bandwidth: bool = True         # ops overlapped on streams share HBM bandwidth (planner/sharing.py)
     profile: DeviceProfile = field(default_factory=DeviceProfile)
     tuned: dict = field(default_factory=dict)  # tuned limits (override plan defaults)
     tuning_source: str = ""              # which tuning applied (planner.commands.resolve_compile_tuning)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import PlanError
 from .expr import eval_int
+from .ops import COLLECTIVES, VIEW_OPS
 from .shapes import DTYPES, FP8_DTYPES
 
 __all__ = ["DeviceProfile", "CostModel", "op_signature", "gemm_signatures", "split_signature", "signature_key",
@@ -237,6 +238,23 @@ class CostModel:
             return p.kernel_us + 2 * nbytes(outs[0]) / (p.hbm_gbps * 1e3)
         return p.kernel_us
 
+
+    def op_bytes(self, op, tensors: dict, bindings: dict) -> float:
+        """HBM bytes one op moves (what ops running at once share): its inputs read once and its
+        outputs written once for kernels; 0 for views, collectives (their bytes cross the
+        fabric; their HBM traffic is small beside it) and model code (its work is unknown)."""
+        k = op.op
+        if k in VIEW_OPS or k == "extern" or k in COLLECTIVES:
+            return 0.0
+        nbytes = lambda s: _numel(s, bindings) * DTYPES[s.dtype]  # noqa: E731
+        ins = [tensors[n] for n in op.inputs()]
+        outs = [tensors[n] for n in op.out if n in tensors]
+        if k == "rope":
+            cache = getattr(op, "cos_sin_cache", None)
+            ins = [s for s, n in zip(ins, op.inputs(), strict=True) if n != cache]
+        if k == "cat":
+            ins = [s for s, n in zip(ins, op.xs, strict=True) if n not in op.inplace]
+        return float(sum(nbytes(s) for s in ins) + sum(nbytes(s) for s in outs))
 
     def _gemm_us(self, m: int, w, bindings, moved: float) -> float:
         """A bf16 GEMM of m rows against weight w ([N, K]) that moves `moved` bytes, without the launch."""

@@ -33,7 +33,7 @@ def config_summary(cfg: CompileConfig) -> dict:
     prof = json.dumps(dataclasses.asdict(cfg.profile), sort_keys=True, default=str)
     return {"disable_passes": sorted(cfg.disable_passes), "stop_after": cfg.stop_after,
             "num_streams": cfg.num_streams, "bucket_cap_mb": cfg.bucket_cap_mb, "packing": cfg.packing,
-            "min_gain_us": cfg.min_gain_us, "tuned": dict(sorted(cfg.tuned.items())),
+            "min_gain_us": cfg.min_gain_us, "share_bandwidth": cfg.share_bandwidth, "tuned": dict(sorted(cfg.tuned.items())),
             "profile": f"{cfg.profile.name} sha256:{hashlib.sha256(prof.encode()).hexdigest()[:16]}"}
 
 

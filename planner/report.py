@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from .analysis import allowed_buckets, op_costs, simulate, variant_choice
+from .analysis import allowed_buckets, op_costs, op_demand, simulate, variant_choice
 from .cost import CostModel
 from .graph import Compiled
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
@@ -54,7 +54,9 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
                 picks.append(b)
         for b in picks:
             costs = op_costs(cp, model, b)
-            span, finish = simulate(cp, costs, choice if name else None, cfg.profile.event_us)
+            demand = op_demand(cp, model, b) if cfg.share_bandwidth else None
+            span, finish = simulate(cp, costs, choice if name else None, cfg.profile.event_us,
+                                    demand=demand, bytes_per_us=cfg.profile.hbm_gbps * 1e3)
             serial = sum(costs[v] for v in finish)
             out.append({"variant": name or "(plan)", "bindings": b, "scheduled_us": round(span, 2),
                         "serial_us": round(serial, 2)})

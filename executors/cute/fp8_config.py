@@ -203,17 +203,17 @@ def fp8_configs_for(m: int, n: int, k: int, limit: int = 12, sms: int = SMS) -> 
 
 def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
     """A wider search than fp8_configs_for (which varies one setting at a time): every
-    combination of the conversion split, tiles per warp, K split around the default's, unroll
-    and launch bound that fits, default first (`bench_fp8_gemm.py --sweep grid`)."""
+    combination of the conversion split (hw 2 or 4), tiles per warp, K split (the default's,
+    half, double), unroll and launch bound that fits, default first (`--sweep grid` of
+    bench_fp8_gemm.py)."""
     base = default_fp8_config(m, n, k, sms)
     kb = k // BLOCK
-    wks = sorted({w for w in (base.warps_k // 2, base.warps_k, base.warps_k * 2, base.warps_k * 4)
-                  if w >= 1 and kb % w == 0})
+    wks = sorted({w for w in (base.warps_k // 2, base.warps_k, base.warps_k * 2) if w >= 1 and kb % w == 0})
     out = [base]
     for tiles in (1, 2, 4):
         for wk in wks:
             for unroll in (1, 2):
-                for hw in (0, 2, 4):
+                for hw in (2, 4):  # all-integer conversion (hw 0) never won the one-setting sweep
                     c = dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll, hw=hw)
                     per_sm = _cdiv(c.grid(n), sms)
                     for minb in {0, per_sm if per_sm * c.threads() <= 512 else 0}:

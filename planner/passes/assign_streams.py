@@ -16,7 +16,8 @@ Views follow their input.
 
 One consistent decision: every candidate assignment is rated with analysis.simulate
 over the issue order the schedule pass will use (plan order among ready ops), at every
-bucket the scope can see (its gates' dims). Candidates: serial, a list schedule per
+bucket the scope can see (its gates' dims), with overlapped ops sharing the HBM bandwidth
+(planner/sharing.py; --free-overlap rates overlap as free). Candidates: serial, a list schedule per
 representative bucket, and a local search from each. A candidate is admissible only if
 its scheduled time is no worse than serial at every bucket and it saves min_gain_us at
 some bucket; of those, the one with the smallest worst-case loss against the best
@@ -72,6 +73,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     ev = cfg.profile.event_us
     order = issue_order(cp)
     cost = _memo_cost(cp, model)
+    bw = cfg.profile.hbm_gbps * 1e3 if cfg.share_bandwidth else 0.0  # bytes per us
+    moved = _memo_bytes(cp, model) if bw > 0 else None
     scopes: dict[tuple, list[str]] = {}
     for v in order:
         scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
@@ -82,10 +85,11 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         if len(nodes) > LARGE_SCOPE:
             buckets = buckets[-1:]  # compile time: the largest size only
         costs = [{v: cost(g.nodes[v]["op"], b) for v in nodes} for b in buckets]
-        a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us)
+        demand = [{v: moved(g.nodes[v]["op"], b) for v in nodes} for b in buckets] if moved else None
+        a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us, demand, bw)
         assign.update(a)
         decisions[ctx] = info
-    _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned)
+    _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
     changed = False
     for v in g.nodes:
         if g.nodes[v]["stream"] != assign[v]:
@@ -112,9 +116,18 @@ def _memo_cost(cp, model):
     return cost
 
 
+def _memo_bytes(cp, model):
+    """model.op_bytes at a binding: the HBM traffic ops running at once share."""
+    t = cp.tensors
+
+    def moved(op, b):
+        return 0.0 if op.op in VIEW_OPS else model.op_bytes(op, t, b)
+    return moved
+
+
 # ---------------------------------------------------------------- one scope
 
-def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
+def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand=None, bw=0.0):
     g = cp.graph
     movable = [v for v in nodes if v not in pinned and g.nodes[v]["op"].op not in VIEW_OPS
                and not stays_on_main(g.nodes[v]["op"])]
@@ -127,7 +140,8 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain):
         idx = range(len(buckets)) if which is None else which
         if not _moved(a):  # all on main: the simulation is the sum
             return [serial[i] for i in idx]
-        return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a, shape=shape)[0] for i in idx]
+        return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a, shape=shape,
+                         demand=demand[i] if demand else None, bytes_per_us=bw)[0] for i in idx]
 
     cands = {_key(serial_a): serial_a}
     if len(streams) > 1 and movable:
@@ -279,7 +293,7 @@ def _list_schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[st
 
 # ---------------------------------------------------------------- whole variants
 
-def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinned):
+def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinned, moved=None, bw=0.0):
     """Simulate each plan variant as a whole; a scope whose overlap loses against serial at
     some bucket goes back to serial (scopes interact on shared streams)."""
     g = cp.graph
@@ -301,7 +315,9 @@ def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinne
             bks = allowed_buckets(cp, cc, tuned) if name else allowed_buckets(cp, (), tuned)
             for b in bks if len(order) <= LARGE_SCOPE else bks[-1:]:
                 costs = {v: cost(g.nodes[v]["op"], b) for v in order}
-                span = simulate(cp, costs, event_us=ev, order=order, assign=assign, shape=shape)[0]
+                demand = {v: moved(g.nodes[v]["op"], b) for v in order} if moved else None
+                span = simulate(cp, costs, event_us=ev, order=order, assign=assign, shape=shape,
+                                demand=demand, bytes_per_us=bw)[0]
                 if span > sum(costs.values()) + 1e-9:
                     bad = (b, span, sum(costs.values()))
                     break
