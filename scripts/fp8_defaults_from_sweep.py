@@ -85,7 +85,7 @@ def main() -> int:
         return 2
     table, notes = rows_from(record, a.margin)
     src = Path(a.record)
-    src = str(src.relative_to(ROOT)) if src.resolve().is_relative_to(ROOT) else src.name
+    src = str(src.resolve().relative_to(ROOT)) if src.resolve().is_relative_to(ROOT) else src.name
     Path(a.out).write_text(render(table, src))
     for n in notes:
         print(n)
