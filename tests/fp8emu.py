@@ -166,9 +166,9 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
             n_tile0 = (bid * WN + wn) * (8 * R)
             ln = LaneProgram(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
-            w_cur, sb_cur = ln.load_w(0), ln.load_sb(0)
+            pre = ln.preload()
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
-            acc = ln.run(w_cur, sb_cur)
+            acc = ln.run(pre)
             for r, e, mm, c8 in acc_entries(R, MT, G, T):
                 if WK == 1:
                     col = n_tile0 + r * 8 + c8

@@ -156,6 +156,8 @@ def test_default_configs_for_every_shape_and_m():
             cands = fp8.fp8_configs_for(m, n, k)
             assert cands[0] == cfg and len(set(cands)) == len(cands)
             assert all(c.check(m, n, k) is None for c in cands)
+    assert Fp8Config(depth=2).key().endswith("_d2_pdl1") and "_d" not in Fp8Config().key()
+    assert "depth" in Fp8Config(depth=5).check(8, 64, 512)
     with pytest.raises(ValueError, match="unknown Fp8Config fields"):
         Fp8Config.from_dict({"m_tile": 8, "tile": 2})
 
@@ -218,6 +220,9 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=16, tiles=4, warps_n=2, warps_k=2, hw=1, ki=0), 9, 200, 512),
     (Fp8Config(m_tile=16, tiles=2, warps_k=2, unroll=2, hw=3, minb=2), 13, 131, 512),
     (Fp8Config(m_tile=8, tiles=4, warps_k=4, hw=2), 1, 20, 512),
+    (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, depth=3), 7, 48, 640),     # 5 iterations, 3 in flight
+    (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, depth=2), 12, 24, 512),  # depth = iterations
+    (Fp8Config(m_tile=8, tiles=1, warps_k=1, depth=4), 3, 16, 256),           # depth > iterations
 ]
 
 
@@ -327,7 +332,8 @@ def test_ptx_of_default_configs(default_ptx):
         assert ptx.count("cvt.rn.f16x2.e4m3x2") == words * cfg.hw * 2, tag
         assert ptx.count("shr.b32 m, ") == words * (4 - cfg.hw), tag  # one per integer conversion
         wait = ptx.index("griddepcontrol.wait")
-        assert ptx.count("ld.global.nc.L1::no_allocate", 0, wait) == u * 2 * r, tag
+        ahead = min(cfg.depth, nit)  # the first `depth` iterations' weights precede the wait
+        assert ptx.count("ld.global.nc.L1::no_allocate", 0, wait) == ahead * u * 2 * r, tag
         assert ptx.find("ld.global.v4.u32") > wait, tag  # x (written by the previous kernel) after it
         assert ptx.count("ld.global.nc.f32") == nit * u, tag  # one weight block scale per K block
         assert ".local" not in ptx, tag

@@ -43,12 +43,14 @@ class Fp8Config:
     hw: int = 2  # words (of 4 per 16-byte vector) converted by the hardware cvt, the rest by integer ops
     minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
     pdl: bool = True
+    depth: int = 1  # iterations of weights in flight: iteration it + depth is loaded before it is used
 
     def key(self) -> str:
         wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
         mb = f"_mb{self.minb}" if self.minb else ""
+        d = f"_d{self.depth}" if self.depth != 1 else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
-                f"_hw{self.hw}{mb}_pdl{int(self.pdl)}")
+                f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -98,6 +100,8 @@ class Fp8Config:
             return f"{self.threads()} threads per block > 1024"
         if self.ki not in (0, 1) or not 0 <= self.hw <= 4:
             return "ki is 0/1, hw is 0..4"
+        if not 1 <= self.depth <= 4:
+            return "depth (iterations of weights in flight) is 1..4"
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
         return None
@@ -195,6 +199,11 @@ def fp8_configs_for(m: int, n: int, k: int, limit: int = 12, sms: int = SMS) -> 
         if t != base.tiles and (t < 4 or base.threads() <= 256):  # 4 tiles spilled at 896 threads
             cands.append(rep(base, tiles=t))
     cands.append(rep(base, ki=0))
+    for d in (2, 3):  # more weight bytes in flight (the kernels wait on global loads: Nsight Compute)
+        if d <= base.iterations(k):
+            cands.append(rep(base, depth=d))
+            if base.minb:
+                cands.append(rep(base, depth=d, minb=0))
     if base.threads() <= 512:
         cands.append(rep(base, warps_n=2))
     out: list[Fp8Config] = []

@@ -133,8 +133,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         ln = LaneProgram(_Ops, cfg, N, K, a, b)
         ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
                          mSB.stride[0], mSB.stride[1])
-        w_cur = ln.load_w(0)
-        sb_cur = ln.load_sb(0)
+        pre = ln.preload()
         if cutlass.const_expr(PDL):
             pdl_wait(tid)
             # let the next kernel launch now: it loads its own weights, then waits for this grid
@@ -142,7 +141,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         m_rows = mX.shape[0]
         ln.setup_acts(mX.iterator.toint(), mX.stride[0], m_rows, g, t, mSA.iterator.toint(),
                       mSA.stride[0], mSA.stride[1])
-        acc = ln.run(w_cur, sb_cur)
+        acc = ln.run(pre)
 
         # outputs are computed for clamped coordinates (valid loads of the row / column scales)
         # and stored under the predicate: the predicated regions hold stores only

@@ -60,7 +60,7 @@ class LaneProgram:
     def __init__(self, ops, cfg: Fp8Config, n: int, k: int, a: int, b: int):
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
-        self.U, self.KI, self.HW = cfg.unroll, cfg.ki, cfg.hw
+        self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
         self.out_blk = self.WN * self.R * self.MT * 8  # outputs per block (incl. padded rows)
@@ -180,20 +180,31 @@ class LaneProgram:
                 acc[r][e] = acc[r][e] + (q if f is None else q * f)
         return acc
 
-    def run(self, w_cur, sb_cur):
-        """The K loop; w_cur / sb_cur (iteration 0) were loaded before the PDL wait. Iteration
-        it + 1's loads are issued before iteration it's conversions and mma."""
+    def preload(self):
+        """The weight vectors and scales of the first `depth` iterations (issued before the PDL
+        wait: they do not depend on the previous kernel)."""
+        d = min(self.D, self.NIT)
+        return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
+
+    def run(self, pre):
+        """The K loop over preload()'s first iterations: iteration it + depth's weights and it + 1's
+        activations are issued before iteration it's conversions and mma."""
+        ws, sbs = pre
+        d = len(ws)
         x_cur, sa_cur = self.load_x(0), self.load_sa(0)
         acc = [[self.o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
+            if it + d < self.NIT:
+                ws.append(self.load_w(it + d))
+                sbs.append(self.load_sb(it + d))
             if it + 1 < self.NIT:
-                w_nxt, sb_nxt = self.load_w(it + 1), self.load_sb(it + 1)
                 x_nxt, sa_nxt = self.load_x(it + 1), self.load_sa(it + 1)
             for u in range(self.U):
-                ph, pb = self.block_mma(w_cur, x_cur, u)
-                acc = self.promote(acc, ph, pb, sa_cur, sb_cur, u)
+                ph, pb = self.block_mma(ws[it], x_cur, u)
+                acc = self.promote(acc, ph, pb, sa_cur, sbs[it], u)
+            ws[it] = sbs[it] = None  # consumed
             if it + 1 < self.NIT:
-                w_cur, sb_cur, x_cur, sa_cur = w_nxt, sb_nxt, x_nxt, sa_nxt
+                x_cur, sa_cur = x_nxt, sa_nxt
         return acc
 
     def final(self, s, m, col):
