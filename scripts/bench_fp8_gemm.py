@@ -182,6 +182,7 @@ class Weights:
         self.sb_col = [torch.rand(n, 1, device="cuda") * 0.01 + 0.002 for _ in range(NSETS)]
         self.sb_ten = [torch.rand((), device="cuda") * 0.01 + 0.002 for _ in range(NSETS)]
         self.wb = None
+        self.torch_blk_wrong = False  # cuBLASLt's blockwise mode computed garbage for this shape
         if bf16:
             self.wb = [(w.float() * fp8._expand_scale(s, "block", n, k, "b")).to(BF16)
                        for w, s in zip(self.w, self.sb_blk, strict=True)]
@@ -266,13 +267,18 @@ def make_paths(a: Acts, wt: Weights, m: int, outs: dict, log, tuned=None):
     ours("fp8_row", a.sa_row, wt.sb_col)
     ours("fp8_ten", a.sa_ten, wt.sb_ten)
     ref_blk = lambda i: fp8.dequant_reference(a.x, wt.w[i % NSETS], a.sa_blk, wt.sb_blk[i % NSETS])  # noqa: E731
-    try:
-        f_time, f_check, label = torch_block_call(a, wt, m)
-        paths["torch_blk"] = (f_time, ref_blk, 1e-2, None, f_check)
-        if label != "torch_blk":
-            log(f"    torch_blk: cuBLASLt refused M={m}, timed as {label}")
-    except Exception as e:
-        log(f"    torch_blk unavailable: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    if wt.torch_blk_wrong:
+        # once wrong for a shape it is not run again there: the same calls have also faulted
+        # (an illegal address at M = 3 of dsv3_mlp_down, 2026-12-01T1441), killing the process
+        log("    torch_blk: skipped (wrong for this shape at a smaller M)")
+    else:
+        try:
+            f_time, f_check, label = torch_block_call(a, wt, m)
+            paths["torch_blk"] = (f_time, ref_blk, 1e-2, None, f_check)
+            if label != "torch_blk":
+                log(f"    torch_blk: cuBLASLt refused M={m}, timed as {label}")
+        except Exception as e:
+            log(f"    torch_blk unavailable: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
     for fast in (False, True):
         sfx = "_fast" if fast else ""
         paths["torch_row" + sfx] = (
@@ -345,6 +351,8 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
             tuned = best.get(name, {}).get(8 if m <= 8 else 16, {}).get("best")
             paths = make_paths(a, wt, m, outs, log, tuned)
             errs = check_paths(paths, a, log)
+            if "torch_blk" in errs and not errs["torch_blk"] < 1e-2:
+                wt.torch_blk_wrong = True
             t = time_graphs({p: spec[0] for p, spec in paths.items()}, args.iters, args.trials)
             if "fp8_tuned" not in paths and tuned is not None and "fp8_blk" in t:
                 t["fp8_tuned"] = t["fp8_blk"]  # the sweep's best is the default
@@ -549,10 +557,10 @@ def main():
         try:
             bench_shape(name, n, k, ms, args, bw, log, rows, best)
             torch.cuda.empty_cache()
-        except Exception as e:
+        except Exception as e:  # a faulted device fails every later call: keep what was measured
             log(f"| - | {name} | FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]} |")
             traceback.print_exc()
-            torch.cuda.empty_cache()
+            break
     summarize(rows, log)
     best_json = {nm: {m: {**v, "best": v["best"].to_dict()} for m, v in d.items()} for nm, d in best.items()}
     res = {"device": props.name, "bandwidth_Bps": bw, "args": vars(args), "rows": rows, "sweep": best_json}

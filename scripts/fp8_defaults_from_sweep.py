@@ -3,7 +3,9 @@
 
 Per (shape, M bucket) of the record's sweep: the fastest correct config, kept where it beats the
 shape heuristic (fp8.heuristic_fp8_config) by more than --margin (default 2 %) and where it runs
-every M of its bucket; the rest stay on the heuristic.
+every M of its bucket; the rest stay on the heuristic. A row the current table already has stays
+unless the sweep timed something faster than it by more than the margin (so a sweep around the
+table's rows only changes the rows it clearly improves).
 
     python scripts/fp8_defaults_from_sweep.py results/data/fp8_gemm/<record>_fp8_gemm.json
 """
@@ -32,7 +34,7 @@ from __future__ import annotations
 '''
 
 
-def rows_from(record: dict, margin: float) -> tuple[dict, list[str]]:
+def rows_from(record: dict, margin: float, current: dict | None = None) -> tuple[dict, list[str]]:
     shapes = {r["shape"]: (r["N"], r["K"]) for r in record.get("rows", [])}
     table, notes = {}, []
     for name, buckets in sorted(record.get("sweep", {}).items()):
@@ -50,6 +52,15 @@ def rows_from(record: dict, margin: float) -> tuple[dict, list[str]]:
             if bad or cfg.m_tile != mt:
                 notes.append(f"{name} M<={mt}: best {cfg.key()} cannot run M={bad[:1]}, skipped")
                 continue
+            have = (current or {}).get((n, k, mt))
+            if have is not None:
+                have_cfg = fp8.Fp8Config.from_dict(have)
+                have_us = v["all_us"].get(have_cfg.key())
+                if have_us is None or v["best_us"] >= have_us * (1 - margin):
+                    table[(n, k, mt)] = (have_cfg.to_dict(), name, have_us if have_us is not None else v["best_us"],
+                                         heur, heur_us)
+                    notes.append(f"{name} M<={mt}: current row {have_cfg.key()} kept")
+                    continue
             if heur_us is None or v["best_us"] < heur_us * (1 - margin):
                 table[(n, k, mt)] = (cfg.to_dict(), name, v["best_us"], heur, heur_us)
             else:
@@ -63,7 +74,7 @@ def render(table: dict, source: str) -> str:
              "MEASURED: dict[tuple[int, int, int], dict] = {"]
     for (n, k, mt), (d, name, us, heur, heur_us) in sorted(table.items()):
         hu = f"{heur_us:.2f} us" if heur_us is not None else "not timed"
-        lines.append(f"    # {name}: {us:.2f} us vs the heuristic {heur} {hu}")
+        lines.append(f"    # {name}: {us:.2f} us vs the heuristic {heur} {hu}" if us == us else f"    # {name}")
         lines.append(f"    ({n}, {k}, {mt}): {json.dumps(d, sort_keys=True).replace('true', 'True').replace('false', 'False')},")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -74,6 +85,7 @@ def main() -> int:
     ap.add_argument("record", help="the .json a --sweep grid run of bench_fp8_gemm.py wrote")
     ap.add_argument("--margin", type=float, default=0.02)
     ap.add_argument("--out", default=str(TARGET))
+    ap.add_argument("--fresh", action="store_true", help="ignore the current table's rows")
     a = ap.parse_args()
     try:
         record = json.loads(Path(a.record).read_text())
@@ -83,9 +95,17 @@ def main() -> int:
     if not record.get("sweep"):
         print(f"{a.record} has no sweep (run bench_fp8_gemm.py --sweep grid)", file=sys.stderr)
         return 2
-    table, notes = rows_from(record, a.margin)
+    from executors.cute.fp8_defaults import MEASURED
+    table, notes = rows_from(record, a.margin, {} if a.fresh else MEASURED)
+    kept = {key: (d, "(not in this record)", float("nan"), "-", None) for key, d in ({} if a.fresh else MEASURED).items()
+            if key not in table}
+    table.update(kept)
     src = Path(a.record)
     src = str(src.resolve().relative_to(ROOT)) if src.resolve().is_relative_to(ROOT) else src.name
+    if not a.fresh:
+        from executors.cute.fp8_defaults import SOURCE
+        if SOURCE and SOURCE != src:
+            src = f"{src} (rows it did not improve: {SOURCE})"
     Path(a.out).write_text(render(table, src))
     for n in notes:
         print(n)

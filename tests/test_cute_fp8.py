@@ -614,7 +614,7 @@ def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
     out = tmp_path / "table.py"
     root = Path(__file__).resolve().parent.parent
     r = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"), str(src),
-                        "--out", str(out)], capture_output=True, text=True, cwd=root)
+                        "--out", str(out), "--fresh"], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
     ns: dict = {}
     exec(compile(out.read_text(), str(out), "exec"), ns)  # the generated module, read back
