@@ -12,7 +12,6 @@ the weights), replayed --trials times in alternating order, median per call (CUD
 Paths (out = bf16):
   fp8_blk        executors.cute.fp8.gemm_fp8, 1x128 activation / 128x128 weight scales (PDL on)
   fp8_blk_nopdl  the same kernel launched without programmatic dependent launch
-  fp8_tiles      the same config reading the weights in tile order (fp8.tile_fp8_weight, N % 8 == 0)
   fp8_row        per-token / per-output-column scales;  fp8_ten: per-tensor scales
   torch_blk      torch._scaled_mm with the same block scales (cuBLASLt, sm_90 + CUDA >= 12.9);
                  retried with M padded to a multiple of 4 if cuBLASLt refuses the shape
@@ -184,8 +183,6 @@ class Weights:
         self.sb_ten = [torch.rand((), device="cuda") * 0.01 + 0.002 for _ in range(NSETS)]
         self.wb = None
         self.torch_blk_wrong = False  # cuBLASLt's blockwise mode computed garbage for this shape
-        # the same weights in tile order (fp8.tile_fp8_weight), read by configs with wtiles=True
-        self.w_tiles = [fp8.tile_fp8_weight(w) for w in self.w] if n % 8 == 0 else None
         if bf16:
             self.wb = [(w.float() * fp8._expand_scale(s, "block", n, k, "b")).to(BF16)
                        for w, s in zip(self.w, self.sb_blk, strict=True)]
@@ -256,19 +253,15 @@ def make_paths(a: Acts, wt: Weights, m: int, outs: dict, log, tuned=None):
     nopdl = dataclasses.replace(cfg, pdl=False)
     o = outs
 
-    def ours(name, sa, sbs, config=None, ws=None):
-        ws = ws or wt.w
-
+    def ours(name, sa, sbs, config=None):
         def f(i):
-            return fp8.gemm_fp8(a.x, ws[i % NSETS], sa, sbs[i % NSETS], o[name][i % NSETS], config=config)
+            return fp8.gemm_fp8(a.x, wt.w[i % NSETS], sa, sbs[i % NSETS], o[name][i % NSETS], config=config)
 
         paths[name] = (f, lambda i: fp8.dequant_reference(a.x, wt.w[i % NSETS], sa, sbs[i % NSETS]), 1e-2,
                        o[name])
 
     ours("fp8_blk", a.sa_blk, wt.sb_blk)
     ours("fp8_blk_nopdl", a.sa_blk, wt.sb_blk, nopdl)
-    if wt.w_tiles is not None:
-        ours("fp8_tiles", a.sa_blk, wt.sb_blk, dataclasses.replace(cfg, wtiles=True), wt.w_tiles)
     if tuned is not None and tuned != cfg:
         ours("fp8_tuned", a.sa_blk, wt.sb_blk, tuned)
     ours("fp8_row", a.sa_row, wt.sb_col)
@@ -344,7 +337,7 @@ def fmt(v, nd=2):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
-COLS = ["fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_tiles", "fp8_row", "fp8_ten", "torch_blk", "torch_row",
+COLS = ["fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "torch_blk", "torch_row",
         "torch_ten", "bf16_cute"]
 
 
@@ -354,7 +347,7 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
         try:
             a = Acts(m, k)
             outs = {p: [torch.empty(m, n, device="cuda", dtype=BF16) for _ in range(NSETS)]
-                    for p in ("fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_tiles", "fp8_row", "fp8_ten", "bf16_cute")}
+                    for p in ("fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "bf16_cute")}
             tuned = best.get(name, {}).get(8 if m <= 8 else 16, {}).get("best")
             paths = make_paths(a, wt, m, outs, log, tuned)
             errs = check_paths(paths, a, log)
@@ -373,7 +366,6 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
             ours = t.get("fp8_blk")
             row["blk_over_floor"] = ours / floor if ours else None
             row["tuned_over_floor"] = t["fp8_tuned"] / floor if t.get("fp8_tuned") else None
-            row["tiles_over_floor"] = t["fp8_tiles"] / floor if t.get("fp8_tiles") else None
             row["tuned_config"] = tuned.key() if tuned is not None else None
             row["torch_blk_speedup"] = t["torch_blk"] / ours if ours and t.get("torch_blk") else None
             row["torch_row_speedup"] = t["torch_row"] / t["fp8_row"] if t.get("torch_row") and t.get("fp8_row") else None
@@ -382,7 +374,6 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
             rows.append(row)
             log("| " + " | ".join([str(m), name] + [fmt(t.get(c)) for c in COLS] + [
                 fmt(floor), fmt(row["blk_over_floor"], 3), fmt(row["tuned_over_floor"], 3),
-                fmt(row["tiles_over_floor"], 3),
                 fmt(row["torch_blk_speedup"], 3),
                 fmt(row["torch_row_speedup"], 3), fmt(row["torch_ten_speedup"], 3),
                 fmt(row["bf16_over_fp8"], 3), f"{max(v for k_, v in errs.items() if k_.startswith('fp8')):.1e}"]) + " |")
@@ -478,8 +469,6 @@ def precompile(shapes, ms, sweep: str | None, bf16: bool, jobs: int, log, tests:
             for ka, kb_ in (("block", "block"), ("row", "col"), ("tensor", "tensor")):
                 want.add(("fp8", c.to_json(), n, k, ka, kb_, "bfloat16"))
             want.add(("fp8", dataclasses.replace(c, pdl=False).to_json(), n, k, "block", "block", "bfloat16"))
-            if n % 8 == 0:
-                want.add(("fp8", dataclasses.replace(c, wtiles=True).to_json(), n, k, "block", "block", "bfloat16"))
             if bf16 and ec.supports(m, n, k, BF16, k, n) is None:
                 want.add(("bf16", ec.default_config(m, n, k).to_json(), n, k, "", "", ""))
         if sweep:
@@ -551,7 +540,7 @@ def main():
     log(f"floor = (N*K + 4*(ceil(N/128)*K/128 + M*K/128)) bytes / read bandwidth. Targets: fp8_blk <= "
         f"{TARGET_FLOOR}x floor, >= {TARGET_TORCH}x faster than torch's scaled matmul.")
     log("")
-    hdr = ["M", "shape"] + [f"{c} us" for c in COLS] + ["floor us", "blk/floor", "tuned/floor", "tiles/floor", "torch_blk/fp8",
+    hdr = ["M", "shape"] + [f"{c} us" for c in COLS] + ["floor us", "blk/floor", "tuned/floor", "torch_blk/fp8",
                                                       "torch_row/fp8", "torch_ten/fp8", "bf16/fp8",
                                                       "max fp8 err"]
     best = {}
@@ -590,14 +579,12 @@ def summarize(rows, log):
         rs = [r for r in rows if r["shape"] == name]
         fl = [r["blk_over_floor"] for r in rs if r["blk_over_floor"]]
         tf = [r["tuned_over_floor"] for r in rs if r["tuned_over_floor"]]
-        tl = [r["tiles_over_floor"] for r in rs if r.get("tiles_over_floor")]
         sp = [r["torch_blk_speedup"] or r["torch_row_speedup"] for r in rs]
         sp = [v for v in sp if v]
         b16 = [r["bf16_over_fp8"] for r in rs if r["bf16_over_fp8"]]
         log(f"- {name}: fp8_blk/floor {fmt(min(fl, default=None), 3)}..{fmt(max(fl, default=None), 3)}"
             f" (<= {TARGET_FLOOR} at {sum(v <= TARGET_FLOOR for v in fl)}/{len(rs)} M)"
-            + (f", tuned {fmt(min(tf), 3)}..{fmt(max(tf), 3)}" if tf else "")
-            + (f", tile-ordered weights {fmt(min(tl), 3)}..{fmt(max(tl), 3)}" if tl else "") + "; vs torch "
+            + (f", tuned {fmt(min(tf), 3)}..{fmt(max(tf), 3)}" if tf else "") + "; vs torch "
             f"{fmt(min(sp, default=None), 3)}..{fmt(max(sp, default=None), 3)} (>= {TARGET_TORCH} at "
             f"{sum(v >= TARGET_TORCH for v in sp)}/{len(rs)} M); bf16 cute / fp8 "
             f"{fmt(min(b16, default=None), 2)}..{fmt(max(b16, default=None), 2)}")

@@ -145,9 +145,7 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
     mem = Memory(256 + span((m, k), (sx, 1), 1) + span((n, k), (k, 1), 1)
                  + span(sa.shape, sa_strides, 4) + span(sb.shape, sb_strides, 4))
     x_base = mem.put_strided(x_u8, (sx, 1), 1)
-    if cfg.wtiles:  # the bytes tile_fp8_weight would store
-        w_u8 = w_u8.reshape(n // 8, 8, k // 64, 64).transpose(0, 2, 1, 3).reshape(n, k)
-    w_base = mem.put_strided(np.ascontiguousarray(w_u8), (k, 1), 1)
+    w_base = mem.put_strided(w_u8, (k, 1), 1)
     sa_base = mem.put_strided(sa.astype(np.float32), sa_strides, 4)
     sb_base = mem.put_strided(sb.astype(np.float32), sb_strides, 4)
     ops = NumpyOps(mem)

@@ -223,8 +223,6 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, depth=3), 7, 48, 640),     # 5 iterations, 3 in flight
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, depth=2), 12, 24, 512),  # depth = iterations
     (Fp8Config(m_tile=8, tiles=1, warps_k=1, depth=4), 3, 16, 256),           # depth > iterations
-    (Fp8Config(m_tile=8, tiles=2, warps_k=2, hw=4, wtiles=True), 6, 40, 512),  # tile-ordered weights
-    (Fp8Config(m_tile=16, tiles=4, warps_k=1, unroll=2, wtiles=True, depth=2), 16, 48, 512),
 ]
 
 
@@ -625,17 +623,3 @@ def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
     bad = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"),
                           str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=root)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
-
-
-def test_tile_order_round_trip_and_layout():
-    w = torch.randn(24, 192).to(torch.float8_e4m3fn)
-    t = fp8.tile_fp8_weight(w)
-    assert t.shape == w.shape and t.dtype == w.dtype
-    assert torch.equal(fp8.untile_fp8_weight(t).view(torch.uint8), w.view(torch.uint8))
-    tb, wb = t.view(torch.uint8).flatten(), w.view(torch.uint8)
-    # tile 2, K step 1, lane g = 3, t = 2: row 19, columns 96..111, at (2 * 3 + 1) * 512 + 14 * 16
-    off = (2 * 3 + 1) * 512 + (3 * 4 + 2) * 16
-    assert torch.equal(tb[off:off + 16], wb[19, 96:112])
-    with pytest.raises(ValueError, match="N % 8"):
-        fp8.tile_fp8_weight(torch.zeros(12, 128).to(torch.float8_e4m3fn))
-    assert "N % 8" in Fp8Config(wtiles=True, warps_k=1).check(4, 12, 128)

@@ -57,8 +57,6 @@ __all__ = [
     "compile_fp8_for_arch",
     "get_fp8_kernel",
     "dequant_reference",
-    "tile_fp8_weight",
-    "untile_fp8_weight",
     "blockwise_reference",
 ]
 
@@ -196,33 +194,6 @@ def _device_reason(device) -> str | None:
     if not importable():
         return "nvidia-cutlass-dsl is not importable"
     return None
-
-
-# --------------------------------------------------------------------------------------
-# tile-ordered weights (a config with wtiles=True reads them)
-# --------------------------------------------------------------------------------------
-def tile_fp8_weight(w):
-    """w [N, K] fp8 (N % 8 == 0, K % 64 == 0) with its bytes in tile order, same shape and dtype:
-    rows 8T..8T+7, K step s (64 wide) as 512 contiguous bytes at (T * K/64 + s) * 512, row-major
-    inside (the order the 32 lanes of a warp load it: lane g*4+t reads row 8T+g, columns
-    64s+16t..64s+16t+15)."""
-    n, k = w.shape
-    if n % 8 or k % 64:
-        raise ValueError(f"tile order needs N % 8 == 0 and K % 64 == 0, got {tuple(w.shape)}")
-    u = w.contiguous().view(torch_uint8()).view(n // 8, 8, k // 64, 64)
-    return u.permute(0, 2, 1, 3).contiguous().view(n, k).view(w.dtype)
-
-
-def untile_fp8_weight(wt):
-    """The row-major weight of tile_fp8_weight's output (a new tensor)."""
-    n, k = wt.shape
-    u = wt.contiguous().view(torch_uint8()).view(n // 8, k // 64, 8, 64)
-    return u.permute(0, 2, 1, 3).contiguous().view(n, k).view(wt.dtype)
-
-
-def torch_uint8():
-    import torch
-    return torch.uint8
 
 
 # --------------------------------------------------------------------------------------

@@ -44,15 +44,13 @@ class Fp8Config:
     minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
     pdl: bool = True
     depth: int = 1  # iterations of weights in flight: iteration it + depth is loaded before it is used
-    wtiles: bool = False  # weights in tile order (fp8.tile_fp8_weight): one contiguous 512-byte load per warp
 
     def key(self) -> str:
         wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
         mb = f"_mb{self.minb}" if self.minb else ""
         d = f"_d{self.depth}" if self.depth != 1 else ""
-        wt = "_wt" if self.wtiles else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
-                f"_hw{self.hw}{mb}{d}{wt}_pdl{int(self.pdl)}")
+                f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -104,8 +102,6 @@ class Fp8Config:
             return "ki is 0/1, hw is 0..4"
         if not 1 <= self.depth <= 4:
             return "depth (iterations of weights in flight) is 1..4"
-        if self.wtiles and n % 8:
-            return f"tile-ordered weights need N % 8 == 0, got N={n}"
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
         return None

@@ -60,7 +60,7 @@ class LaneProgram:
     def __init__(self, ops, cfg: Fp8Config, n: int, k: int, a: int, b: int):
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
-        self.U, self.KI, self.HW, self.D, self.WT = cfg.unroll, cfg.ki, cfg.hw, cfg.depth, cfg.wtiles
+        self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
         self.out_blk = self.WN * self.R * self.MT * 8  # outputs per block (incl. padded rows)
@@ -71,12 +71,8 @@ class LaneProgram:
         outputs are dropped); the warp's 8R rows share one 128-row scale block (R | 16)."""
         o = self.o
         self.wk = wk
-        if self.WT:  # tile order: tile T, 64-wide K step s at byte (T * K/64 + s) * 512, lane-major
-            self.w_rows = [w_base + o.Int64(o.imin(n_tile0 // 8 + r, self.N // 8 - 1)) * (self.K * 8)
-                           + o.Int64((g * 4 + t) * 16) for r in range(self.R)]
-        else:
-            self.w_rows = [w_base + o.Int64(o.imin(n_tile0 + 8 * r + g, self.N - 1)) * self.K
-                           + o.Int64(t * 16) for r in range(self.R)]
+        self.w_rows = [w_base + o.Int64(o.imin(n_tile0 + 8 * r + g, self.N - 1)) * self.K
+                       + o.Int64(t * 16) for r in range(self.R)]
         self.sb_base, self.sbs0, self.sbs1 = sb_base, o.Int64(sbs0), o.Int64(sbs1)
         self.nb_row = o.Int64(o.imin(n_tile0, self.N - 1))
         self.sb_t = o.ld_f32_nc(sb_base) if self.B == 0 else o.Float32(1.0)
@@ -101,9 +97,8 @@ class LaneProgram:
         for u in range(self.U):
             kb = self.kb(it, u)
             for h in range(2):
-                step = (kb * 2 + h) * 512 if self.WT else kb * BLOCK + h * 64
                 for r in range(self.R):
-                    out.append(self.o.ld_w(self.w_rows[r] + self.o.Int64(step)))
+                    out.append(self.o.ld_w(self.w_rows[r] + self.o.Int64(kb * BLOCK + h * 64)))
         return out
 
     def load_sb(self, it):
