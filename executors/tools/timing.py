@@ -163,23 +163,28 @@ def call_times(fns: dict, trials: int, cuda: bool, spin_cycles: int = 200_000) -
     a spin longer than any path's host cost times the GPU's work alone); else wall clock."""
     import torch
     times = {n: [] for n in fns}
-    order, rng = list(fns), random.Random(0)
+    for n in _rounds(fns, trials, 0):
+        if cuda:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(spin_cycles)
+            e0.record()
+            fns[n]()
+            e1.record()
+            e1.synchronize()
+            times[n].append(e0.elapsed_time(e1) * 1000.0)
+        else:
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append((time.perf_counter() - t0) * 1e6)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def _rounds(fns: dict, trials: int, seed: int):
+    """The names of fns, `trials` times over, in a new seeded random order each round."""
+    order, rng = list(fns), random.Random(seed)
     for _ in range(trials):
         rng.shuffle(order)
-        for n in order:
-            if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(spin_cycles)
-                e0.record()
-                fns[n]()
-                e1.record()
-                e1.synchronize()
-                times[n].append(e0.elapsed_time(e1) * 1000.0)
-            else:
-                t0 = time.perf_counter()
-                fns[n]()
-                times[n].append((time.perf_counter() - t0) * 1e6)
-    return {n: statistics.median(v) for n, v in times.items()}
+        yield from order
 
 
 def host_times(fns: dict, trials: int, cuda: bool) -> dict:
@@ -187,17 +192,14 @@ def host_times(fns: dict, trials: int, cuda: bool) -> dict:
     before, the clock stopped when fn returns, before the device finishes)."""
     import torch
     times = {n: [] for n in fns}
-    order, rng = list(fns), random.Random(1)
-    for _ in range(trials):
-        rng.shuffle(order)
-        for n in order:
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fns[n]()
-            times[n].append((time.perf_counter() - t0) * 1e6)
-            if cuda:
-                torch.cuda.synchronize()
+    for n in _rounds(fns, trials, 1):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fns[n]()
+        times[n].append((time.perf_counter() - t0) * 1e6)
+        if cuda:
+            torch.cuda.synchronize()
     return {n: statistics.median(v) for n, v in times.items()}
 
 
