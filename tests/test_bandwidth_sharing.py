@@ -136,3 +136,19 @@ def test_weight_streaming_gemms_gain_only_their_latency_model_code_still_moves(t
     assert info["mode"] == "chosen"
     gain = max(s - r for s, r in zip(info["serial_us"], info["scheduled_us"], strict=True))
     assert gain > 20.0  # most of the 31 us GEMM hides behind 60 us of model code
+
+
+def test_free_overlap_flag_reaches_the_pass_and_the_plan_hash(tmp_path, capsys):
+    import json
+
+    from planner.cli import main
+    from planner.pipeline import config_summary
+    plan = tmp_path / "two.yaml"
+    plan.write_text(HEAD + TWO_GEMMS)
+    assert main(["compile", str(plan), "--emit", "json"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    assert main(["compile", str(plan), "--emit", "json", "--free-overlap"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert shared != free  # the free model forks the GEMMs and claims more
+    assert config_summary(CompileConfig())["share_bandwidth"] is True
+    assert config_summary(CompileConfig(share_bandwidth=False))["share_bandwidth"] is False
