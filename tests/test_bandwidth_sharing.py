@@ -152,3 +152,27 @@ def test_free_overlap_flag_reaches_the_pass_and_the_plan_hash(tmp_path, capsys):
     assert shared != free  # the free model forks the GEMMs and claims more
     assert config_summary(CompileConfig())["share_bandwidth"] is True
     assert config_summary(CompileConfig(share_bandwidth=False))["share_bandwidth"] is False
+
+
+def test_shared_makespan_bounds_on_random_schedules():
+    """Never faster than the bytes over the bandwidth or than any one stream's own work, never
+    slower than running everything in one stream after the other (plus the events), and never
+    faster than the free-overlap simulation of the same schedule."""
+    for seed in range(60):
+        g, order = _chain_graph(14, seed)
+        rng = random.Random(100 + seed)
+        preds = {v: list(g.predecessors(v)) for v in order}
+        streams = {v: rng.choice(["main", "aux", "aux2"]) for v in order}
+        costs = {v: rng.uniform(0.2, 9.0) for v in order}
+        demand = {v: rng.uniform(0.0, 1.0) * BW * costs[v] for v in order}
+        ev = rng.choice([0.0, 1.0])
+        span, fin = simulate_shared(order, preds, set(), streams, costs, demand, BW, ev)
+        free, _ = _free(order, preds, streams, costs, ev)
+        assert span >= free - 1e-6, seed
+        assert span >= sum(demand.values()) / BW - 1e-6, seed
+        for s in set(streams.values()):
+            assert span >= sum(costs[v] for v in order if streams[v] == s) - 1e-6, seed
+        events = ev * (2 + sum(len(preds[v]) for v in order))
+        assert span <= sum(costs.values()) + events + 1e-6, seed
+        for v in order:  # an op starts after its inputs end and takes at least its own time
+            assert all(fin[v] - costs[v] >= fin[u] - 1e-6 for u in preds[v]), (seed, v)
