@@ -79,7 +79,7 @@ def main() -> int:
             ro(x)
         out(f"M={m} (4 KDA steps per call)")
         show("bare torch.cuda.graph replay", activity(g.replay), out)
-        show("reduce-overhead call (x static)", activity(lambda: ro(x)), out)
+        show("reduce-overhead call (x static)", activity(lambda x=x: ro(x)), out)
         out(f"  layout copies made by the op so far: {[e.op_layout_copies for e in exs]}")
     if a.out:
         with open(a.out, "w") as f:

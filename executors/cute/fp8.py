@@ -73,9 +73,9 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     bits_ptx,
     bits_words,
     default_fp8_config,
-    heuristic_fp8_config,
     fp8_config_grid,
     fp8_configs_for,
+    heuristic_fp8_config,
     scale_kind,
     word_byte_order,
 )
