@@ -69,14 +69,6 @@ def check_hazards(cp: Compiled, order: Order | None = None) -> None:
 
 # ---------------------------------------------------------------- buffers and regions
 
-def _root(cp: Compiled, name: str) -> str:
-    seen = 0
-    while cp.tensors[name].alias_of and seen < 64:
-        name = cp.tensors[name].alias_of
-        seen += 1
-    return name
-
-
 def _writes_of(cp: Compiled, v: str) -> list[tuple]:
     """(buffer, region) written by v; region = (dim, offset, size) or None for all of it."""
     d = cp.graph.nodes[v]
