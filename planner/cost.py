@@ -191,7 +191,7 @@ class CostModel:
             if m == 0:
                 return 0.0
             flops = 2.0 * m * n * kk
-            moved = sum(nbytes(s) for s in ins) + nbytes(outs[0])  # scales included
+            moved = self.op_bytes(op, tensors, bindings)  # scales included
             rate = p.fp8_tflops if a.dtype in FP8_DTYPES else p.bf16_tflops
             return p.kernel_us + p.gemm_fixed_us + max(flops / (rate * 1e6), moved / (p.hbm_gbps * 1e3))
         if k == "gemm_chain":  # both bf16 GEMMs, one launch (the second reads the first's output)
@@ -201,14 +201,10 @@ class CostModel:
                 return 0.0
             first = self._gemm_us(m, b, bindings, nbytes(a) + nbytes(b) + nbytes(outs[0]))
             return p.kernel_us + first + self._gemm_us(m, b2, bindings, nbytes(b2) + nbytes(outs[1]))
-        if k in POINTWISE:
-            # one pass: read every input once, write every output once (rope reads only the
-            # cache rows of this call's positions: counted as q/k-sized, not the whole cache)
-            read = sum(nbytes(s) for s, n in zip(ins, op.inputs(), strict=True) if n != getattr(op, "cos_sin_cache", None))
-            written = sum(nbytes(s) for s in outs)
+        if k in POINTWISE:  # one pass over op_bytes
             if _numel(ins[0], bindings) == 0:
                 return 0.0
-            return p.kernel_us + (read + written) / (p.hbm_gbps * 1e3)
+            return p.kernel_us + self.op_bytes(op, tensors, bindings) / (p.hbm_gbps * 1e3)
         if k in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "all_reduce_add_rmsnorm"):
             w = self.groups.get(op.group, 1)
             if k == "all_reduce_add_rmsnorm":  # the all-reduce with the norm's one pass folded in
@@ -240,9 +236,11 @@ class CostModel:
 
 
     def op_bytes(self, op, tensors: dict, bindings: dict) -> float:
-        """HBM bytes one op moves (what ops running at once share): its inputs read once and its
-        outputs written once for kernels; 0 for views, collectives (their bytes cross the
-        fabric; their HBM traffic is small beside it) and model code (its work is unknown)."""
+        """HBM bytes one op moves (what ops running at once share; op_us's bandwidth term for
+        gemms and one-pass kernels): its inputs read once and its outputs written once (rope
+        reads only the cache rows of this call's positions: counted as q/k-sized, not the whole
+        cache); 0 for views, collectives (their bytes cross the fabric; their HBM traffic is
+        small beside it) and model code (its work is unknown)."""
         k = op.op
         if k in VIEW_OPS or k == "extern" or k in COLLECTIVES:
             return 0.0
