@@ -72,9 +72,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     tuned = {**cp.plan.tuned, **cfg.tuned}
     ev = cfg.profile.event_us
     order = issue_order(cp)
-    cost = _memo_cost(cp, model)
+    cost = _per_op(cp, model.op_us)
     bw = cfg.profile.hbm_gbps * 1e3 if cfg.share_bandwidth else 0.0  # bytes per us
-    moved = _memo_bytes(cp, model) if bw > 0 else None
+    moved = _per_op(cp, model.op_bytes) if bw > 0 else None
     scopes: dict[tuple, list[str]] = {}
     for v in order:
         scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
@@ -107,22 +107,14 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     return cp, changed
 
 
-def _memo_cost(cp, model):
-    """model.op_us at a binding (views cost nothing: skip the model for them)."""
+def _per_op(cp, measure):
+    """measure(op, tensors, binding) at a binding: model.op_us (time) or model.op_bytes (the HBM
+    traffic ops running at once share); views cost nothing, so the model is skipped for them."""
     t = cp.tensors
 
-    def cost(op, b):
-        return 0.0 if op.op in VIEW_OPS else model.op_us(op, t, b)
-    return cost
-
-
-def _memo_bytes(cp, model):
-    """model.op_bytes at a binding: the HBM traffic ops running at once share."""
-    t = cp.tensors
-
-    def moved(op, b):
-        return 0.0 if op.op in VIEW_OPS else model.op_bytes(op, t, b)
-    return moved
+    def at(op, b):
+        return 0.0 if op.op in VIEW_OPS else measure(op, t, b)
+    return at
 
 
 # ---------------------------------------------------------------- one scope
