@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from executors.cute import fp8
+from executors.cute import fp8, fp8_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "executors" / "cute" / "fp8_defaults.py"
@@ -57,8 +57,7 @@ def rows_from(record: dict, margin: float, current: dict | None = None) -> tuple
                 have_cfg = fp8.Fp8Config.from_dict(have)
                 have_us = v["all_us"].get(have_cfg.key())
                 if have_us is None or v["best_us"] >= have_us * (1 - margin):
-                    table[(n, k, mt)] = (have_cfg.to_dict(), name, have_us if have_us is not None else v["best_us"],
-                                         heur, heur_us)
+                    table[(n, k, mt)] = (have_cfg.to_dict(), name, have_us, heur, heur_us)
                     notes.append(f"{name} M<={mt}: current row {have_cfg.key()} kept")
                     continue
             if heur_us is None or v["best_us"] < heur_us * (1 - margin):
@@ -66,6 +65,8 @@ def rows_from(record: dict, margin: float, current: dict | None = None) -> tuple
             else:
                 notes.append(f"{name} M<={mt}: best {cfg.key()} {v['best_us']:.2f} us within {margin:.0%}"
                              f" of the heuristic {heur} {heur_us:.2f} us: heuristic kept")
+    for key, d in (current or {}).items():  # rows of shapes this record did not sweep
+        table.setdefault(key, (d, "(not in this record)", None, None, None))
     return table, notes
 
 
@@ -74,7 +75,7 @@ def render(table: dict, source: str) -> str:
              "MEASURED: dict[tuple[int, int, int], dict] = {"]
     for (n, k, mt), (d, name, us, heur, heur_us) in sorted(table.items()):
         hu = f"{heur_us:.2f} us" if heur_us is not None else "not timed"
-        lines.append(f"    # {name}: {us:.2f} us vs the heuristic {heur} {hu}" if us == us else f"    # {name}")
+        lines.append(f"    # {name}: {us:.2f} us vs the heuristic {heur} {hu}" if us is not None else f"    # {name}")
         lines.append(f"    ({n}, {k}, {mt}): {json.dumps(d, sort_keys=True).replace('true', 'True').replace('false', 'False')},")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -95,17 +96,13 @@ def main() -> int:
     if not record.get("sweep"):
         print(f"{a.record} has no sweep (run bench_fp8_gemm.py --sweep grid)", file=sys.stderr)
         return 2
-    from executors.cute.fp8_defaults import MEASURED
-    table, notes = rows_from(record, a.margin, {} if a.fresh else MEASURED)
-    kept = {key: (d, "(not in this record)", float("nan"), "-", None) for key, d in ({} if a.fresh else MEASURED).items()
-            if key not in table}
-    table.update(kept)
+    table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED)
     src = Path(a.record)
     src = str(src.resolve().relative_to(ROOT)) if src.resolve().is_relative_to(ROOT) else src.name
-    if not a.fresh:
-        from executors.cute.fp8_defaults import SOURCE
-        if SOURCE and SOURCE != src:
-            src = f"{src} (rows it did not improve: {SOURCE})"
+    if not a.fresh and fp8_defaults.SOURCE.startswith(src):
+        src = fp8_defaults.SOURCE  # the same record again: its source line stays as it was
+    elif not a.fresh and fp8_defaults.SOURCE:
+        src = f"{src} (rows it did not improve: {fp8_defaults.SOURCE})"
     Path(a.out).write_text(render(table, src))
     for n in notes:
         print(n)

@@ -9,7 +9,7 @@ the heuristic.
 
 from __future__ import annotations
 
-SOURCE = 'results/data/fp8_gemm/2026-12-01T1444_h200-aac1a792_fp8_gemm.json (rows it did not improve: results/data/fp8_gemm/2026-12-01T1444_h200-aac1a792_fp8_gemm.json (rows it did not improve: results/data/fp8_gemm/2026-12-01T1416_h200-e96746ba_fp8_gemm.json))'
+SOURCE = 'results/data/fp8_gemm/2026-12-01T1444_h200-aac1a792_fp8_gemm.json (rows it did not improve: results/data/fp8_gemm/2026-12-01T1416_h200-e96746ba_fp8_gemm.json)'
 SMS = 132
 # (N, K, m_tile) -> Fp8Config fields
 MEASURED: dict[tuple[int, int, int], dict] = {
