@@ -13,6 +13,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from .collectives import distinct_groups
+
 __all__ = ["DimsMismatch", "agree_on_dims", "dims_check_enabled"]
 
 
@@ -29,12 +31,7 @@ def dims_check_enabled(flag: bool | None) -> bool:
 def agree_on_dims(plan_name: str, dims: dict, comms: dict) -> None:
     """All-gather the call's dims over every distinct bound process group; raise on any difference."""
     names = sorted(dims)
-    seen = []
-    for gname in sorted(comms):
-        c = comms[gname]
-        if c.pg is None or any(c.pg is p for p in seen):
-            continue
-        seen.append(c.pg)
+    for gname, c in distinct_groups(comms):
         n = dist.get_world_size(c.pg)
         mine = torch.tensor([int(dims[k]) for k in names] or [0], dtype=torch.int64)
         if str(dist.get_backend(c.pg)) == "nccl":

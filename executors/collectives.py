@@ -221,6 +221,18 @@ def _gather_bytes(data: bytes, pg, cuda: bool) -> list[bytes]:
     return [bytes(p[:m].cpu().tolist()) for p, m in zip(parts, lens, strict=True)]
 
 
+def distinct_groups(comms: dict[str, Comm]):
+    """(group name, Comm) once per distinct bound process group, in name order (two plan groups
+    bound to the same torch process group are checked once)."""
+    seen = []
+    for name in sorted(comms):
+        c = comms[name]
+        if c.pg is None or any(c.pg is p for p in seen):
+            continue
+        seen.append(c.pg)
+        yield name, c
+
+
 def agree_on_plan(desc, comms: dict[str, Comm]) -> None:
     """Agree on the plan over every distinct bound process group before the first collective.
 
@@ -229,12 +241,7 @@ def agree_on_plan(desc, comms: dict[str, Comm]) -> None:
     PlanMismatch naming the differing ranks and the first line on which they differ.
     """
     digest = desc if isinstance(desc, str) else _digest(desc)
-    seen = []
-    for name in sorted(comms):
-        c = comms[name]
-        if c.pg is None or any(c.pg is p for p in seen):
-            continue
-        seen.append(c.pg)
+    for name, c in distinct_groups(comms):
         cuda = str(dist.get_backend(c.pg)) == "nccl"
         hashes = [h.hex() for h in _gather_bytes(bytes.fromhex(digest), c.pg, cuda)]
         if len(set(hashes)) > 1:
