@@ -284,10 +284,7 @@ def compile_for_arch(config: Config, n: int, k: int, arch: str = "sm_90a", sass:
     def build(opts):
         return kernels.compile_tvm_ffi(config, n, k, extra_options=opts)
 
-    if sass:
-        return sass_of(build, arch)
-    with _lock:
-        return ptx_of(build, arch)
+    return kernel_text(build, arch, sass)
 
 
 def ptx_of(build, arch: str) -> str:
@@ -334,6 +331,14 @@ def nvdisasm_path() -> str | None:
     except ImportError:
         pass
     return shutil.which("nvdisasm")
+
+
+def kernel_text(build, arch: str, sass: bool) -> str:
+    """The PTX (or, with sass, the SASS) of build(extra_options) for `arch`, no GPU needed."""
+    if sass:
+        return sass_of(build, arch)
+    with _lock:
+        return ptx_of(build, arch)
 
 
 def sass_of(build, arch: str = "sm_90a") -> str:
@@ -473,10 +478,7 @@ def compile_fused_for_arch(config: Config, n: int, k: int, a0: int, nb: int, kb:
     def build(opts):
         return fused.compile_fused_tvm_ffi(config, n, k, a0, nb, kb, extra_options=opts)
 
-    if sass:
-        return sass_of(build, arch)
-    with _lock:
-        return ptx_of(build, arch)
+    return kernel_text(build, arch, sass)
 
 
 _WS_WORDS = 1 << 14  # 64 KiB: any m_tile <= 16 fused grid needs < 16 KiB

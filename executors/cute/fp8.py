@@ -244,17 +244,14 @@ def compile_fp8_for_arch(cfg: Fp8Config, n: int, k: int, scale_a_kind: str = "bl
                          scale_b_kind: str = "block", out_dtype="bfloat16", arch: str = "sm_90a",
                          sass: bool = False) -> str:
     """Compile without a GPU; return the PTX text (sass: the SASS)."""
-    from . import _lock, fp8_kernels, ptx_of, sass_of
+    from . import fp8_kernels, kernel_text
 
     a, b, o = _A_CODE[scale_a_kind], _B_CODE[scale_b_kind], _out_code(out_dtype)
 
     def build(opts):
         return fp8_kernels.compile_tvm_ffi(cfg, n, k, a, b, o, extra_options=opts)
 
-    if sass:
-        return sass_of(build, arch)
-    with _lock:
-        return ptx_of(build, arch)
+    return kernel_text(build, arch, sass)
 
 
 # --------------------------------------------------------------------------------------
