@@ -105,13 +105,18 @@ def _gemm(op, bctx):
     return lambda ins, b, out: gemm_torch(ins[0], ins[1], dt, out)
 
 
-@register("add", "torch")
-def _add(op, bctx):
+def binary(fn):
+    """run(ins, b, out) of a torch elementwise fn(a, b[, out=]) (writes into out when given)."""
     def run(ins, b, out):
         if out is not None:
-            return torch.add(ins[0], ins[1], out=out)
-        return torch.add(ins[0], ins[1])
+            return fn(ins[0], ins[1], out=out)
+        return fn(ins[0], ins[1])
     return run
+
+
+@register("add", "torch")
+def _add(op, bctx):
+    return binary(torch.add)
 
 
 def _check_result(op, r, want, dt, what=""):

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .registry import register
+from .torch_ops import binary
 
 __all__ = ["rmsnorm_ref", "add_rmsnorm_ref", "gated_ref", "rope_ref"]
 
@@ -83,11 +84,7 @@ def _gelu_and_mul(op, bctx):
 
 @register("mul", "torch")
 def _mul(op, bctx):
-    def run(ins, b, out):
-        if out is not None:
-            return torch.mul(ins[0], ins[1], out=out)
-        return torch.mul(ins[0], ins[1])
-    return run
+    return binary(torch.mul)
 
 
 @register("rope", "torch")
