@@ -80,13 +80,21 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
     assign: dict[str, str] = {}
     decisions: dict[tuple, dict] = {}
+    planned: dict[tuple, tuple] = {}  # scope signature -> (its nodes, assignment, decision)
     for ctx, nodes in scopes.items():
         buckets = allowed_buckets(cp, ctx, tuned)
         if len(nodes) > LARGE_SCOPE:
             buckets = buckets[-1:]  # compile time: the largest size only
         costs = [{v: cost(g.nodes[v]["op"], b) for v in nodes} for b in buckets]
         demand = [{v: moved(g.nodes[v]["op"], b) for v in nodes} for b in buckets] if moved else None
-        a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us, demand, bw)
+        sig = _signature(g, nodes, buckets, costs, demand, pinned)
+        if sig in planned:  # a repeated layer: the same decision, position by position
+            first, a0, info0 = planned[sig]
+            a = {v: a0[u] for u, v in zip(first, nodes, strict=True)}
+            info = {**info0}
+        else:
+            a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us, demand, bw)
+            planned[sig] = (nodes, a, info)
         assign.update(a)
         decisions[ctx] = info
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
@@ -105,6 +113,19 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if folded:
         cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
     return cp, changed
+
+
+def _signature(g, nodes, buckets, costs, demand, pinned) -> tuple:
+    """Everything _plan_scope reads of a scope, by position: two scopes with equal signatures
+    (the layers of a repeated block) get the same decision."""
+    index = {v: i for i, v in enumerate(nodes)}
+    rows = []
+    for v in nodes:
+        op = g.nodes[v]["op"]
+        rows.append((op.op, op.op == "extern" and not op.side_stream, pinned.get(v),
+                     tuple(index[u] for u in g.predecessors(v) if u in index),
+                     tuple(c[v] for c in costs), tuple(d[v] for d in demand) if demand else None))
+    return tuple(tuple(sorted(b.items())) for b in buckets), tuple(rows)
 
 
 def _per_op(cp, measure):
