@@ -246,13 +246,19 @@ def _coll_sig(cp: Compiled, v: str) -> tuple:
 
 def _rank_varying_collectives(cp: Compiled) -> None:
     g = cp.graph
-    order = cp.schedule or list(g.nodes)
+    checked = {rid for rid, vs in cp.variants.items() if len(vs) >= 2 and any(v.uses & RANK_VARYING for v in vs)}
+    if not checked:
+        return
+    issued: dict[tuple, list] = {}  # (region, variant) -> its collectives in schedule order, one walk
+    for n in cp.schedule or list(g.nodes):
+        if g.nodes[n]["op"].op in COLLECTIVES:
+            for rv in g.nodes[n]["ctx"]:
+                if rv[0] in checked:
+                    issued.setdefault(rv, []).append(_coll_sig(cp, n))
     for rid, vs in cp.variants.items():
-        varying = [v for v in vs if v.uses & RANK_VARYING]
-        if not varying or len(vs) < 2:
+        if rid not in checked:
             continue
-        seqs = {v.name: [_coll_sig(cp, n) for n in order if (rid, v.name) in g.nodes[n]["ctx"]
-                         and g.nodes[n]["op"].op in COLLECTIVES] for v in vs}
+        seqs = {v.name: issued.get((rid, v.name), []) for v in vs}
         ref = vs[-1].name
         for v in vs[:-1]:
             if seqs[v.name] != seqs[ref]:
