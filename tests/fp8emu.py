@@ -71,6 +71,8 @@ class NumpyOps:
     def __init__(self, mem: Memory):
         self.mem = mem
         self.mma_calls = 0
+        self.prefetched: set[int] = set()  # byte addresses put into L2 by prefetch()
+        self.w_loaded: set[int] = set()  # byte addresses of weight vectors loaded
 
     @staticmethod
     def Int32(v):
@@ -90,7 +92,12 @@ class NumpyOps:
         words = self.mem.read(addr, 16).copy().view("<u4").astype(np.int64)
         return [words[:, j] for j in range(4)]
 
-    ld_w = ld_x = _ld_v4
+    ld_x = _ld_v4
+
+    def ld_w(self, addr):
+        for base in np.asarray(addr, dtype=np.int64).reshape(-1).tolist():
+            self.w_loaded.update(range(base, base + 16))
+        return self._ld_v4(addr)
 
     def ld_f32(self, addr):
         return self.mem.read(addr, 4).copy().view("<f4").reshape(np.shape(addr))
@@ -128,11 +135,25 @@ class NumpyOps:
                 for o, ci in zip(out, c, strict=True)]
 
 
+    def prefetch(self, addr, nbytes: int, idx, limit: int):
+        """cp.async.bulk.prefetch.L2 where idx < limit: 16-byte aligned, a multiple of 16 bytes,
+        inside the allocations."""
+        assert nbytes % 16 == 0 and nbytes > 0
+        a = np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,))[np.asarray(idx) < limit]
+        self.mem.read(a, 16)  # alignment and bounds of the first 16 bytes
+        assert (a + nbytes <= self.mem.top).all(), "prefetch out of bounds"
+        for base in a.tolist():
+            self.prefetched.update(range(base, base + nbytes))
+
+
 def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, sb: np.ndarray,
-            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None):
+            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None,
+            stats: dict | None = None):
     """out[M, N] (fp32, before any bf16 rounding) as the kernel computes it. a, b: scale kinds
     (0 tensor, 1 row/col, 2 block); sa, sb: 2-D fp32 arrays stored with the given element
-    strides (default row-major); x stored with row stride x_stride (default K)."""
+    strides (default row-major); x stored with row stride x_stride (default K). `stats` (a dict)
+    receives the weight bytes loaded ("w_loaded"), prefetched into L2 ("prefetched", relative to
+    the weight base) and the weight base ("w_base")."""
     m, k = x_u8.shape
     n = w_u8.shape[0]
     assert cfg.check(m, n, k) is None, cfg.check(m, n, k)
@@ -190,6 +211,10 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
                 ok = idx < ln.out_blk
                 store(mm[ok], col[ok], np.broadcast_to(v, idx.shape)[ok])
     assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
+    if stats is not None:
+        stats["w_base"] = w_base
+        stats["w_loaded"] = {v - w_base for v in ops.w_loaded}
+        stats["prefetched"] = {v - w_base for v in ops.prefetched}
     return out, ops.mma_calls
 
 

@@ -44,13 +44,15 @@ class Fp8Config:
     minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
     pdl: bool = True
     depth: int = 1  # iterations of weights in flight: iteration it + depth is loaded before it is used
+    pf: int = 0  # L2 bulk prefetch distance in iterations beyond the register loads (0 = none)
 
     def key(self) -> str:
         wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
         mb = f"_mb{self.minb}" if self.minb else ""
         d = f"_d{self.depth}" if self.depth != 1 else ""
+        pf = f"_pf{self.pf}" if self.pf else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
-                f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
+                f"_hw{self.hw}{mb}{d}{pf}_pdl{int(self.pdl)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -102,6 +104,8 @@ class Fp8Config:
             return "ki is 0/1, hw is 0..4"
         if not 1 <= self.depth <= 4:
             return "depth (iterations of weights in flight) is 1..4"
+        if not 0 <= self.pf <= 32:
+            return "pf (L2 prefetch distance in iterations) is 0..32"
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
         return None
@@ -232,6 +236,29 @@ def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
                         cc = dataclasses.replace(c, minb=minb)
                         if cc not in out and _fits(cc, m, n, k) and not (tiles == 4 and cc.threads() > 256):
                             out.append(cc)
+    return out
+
+
+def fp8_prefetch_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
+    """The default crossed with L2 bulk prefetch distances (none, 1, 2, 4, 8 iterations, the
+    whole K range), weights in flight (depth 1, 2) and half / double the warps along K (fewer
+    warps may do when the prefetches keep the bytes in flight), default first (`--sweep pf` of
+    bench_fp8_gemm.py)."""
+    base = default_fp8_config(m, n, k, sms)
+    kb = k // BLOCK
+    out = [base]
+    wks = [base.warps_k] + [w for w in (base.warps_k // 2, base.warps_k * 2) if w >= 1 and kb % w == 0]
+    for wk in wks:
+        c = dataclasses.replace(base, warps_k=wk)
+        nit = c.iterations(k)
+        for depth in (1, 2):
+            if depth > max(nit, 1):
+                continue
+            pfs = sorted({p for p in (0, 1, 2, 4, 8, nit - depth) if 0 <= p <= min(32, nit - depth)})
+            for pf in pfs:
+                cc = dataclasses.replace(c, depth=depth, pf=pf)
+                if cc not in out and _fits(cc, m, n, k):
+                    out.append(cc)
     return out
 
 

@@ -20,7 +20,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
 from .kernels import _imin, _SmemAllocator
-from .ptx import ld_act_v4, ld_weights_v4, pdl_wait
+from .ptx import ld_act_v4, ld_weights_v4, pdl_wait, prefetch_l2_bulk
 
 
 # --------------------------------------------------------------------------------------
@@ -97,6 +97,10 @@ class _Ops:
     cvt_hw = staticmethod(cvt_hw)
     cvt_bits = staticmethod(cvt_bits)
     mma = staticmethod(mma_f16)
+
+    @staticmethod
+    def prefetch(addr, nbytes: int, idx, limit: int):
+        prefetch_l2_bulk(addr, Int32(nbytes), idx, limit)
 
 
 # --------------------------------------------------------------------------------------

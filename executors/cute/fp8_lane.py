@@ -8,13 +8,19 @@ are the ones the GPU runs. Plain Python loops and ifs here unroll at trace time.
 ``ops`` provides: Int32, Int64, Float32 (constructors), imin(a, b), ld_w(addr) / ld_x(addr)
 (16-byte loads of weights / activations as 4 words), ld_f32 / ld_f32_nc (scalar fp32 loads of
 activation / weight scales), cvt_hw(word) / cvt_bits(word) (4 e4m3 -> 2 f16x2 words, see
-fp8.word_byte_order) and mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate).
+fp8.word_byte_order), mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate) and
+prefetch(addr, nbytes, idx, limit) (an L2 bulk prefetch issued where idx < limit).
 
 Lane layout (g = lane / 4, t = lane % 4): per n8 tile and 64-wide K step the lane loads 16 bytes
 of weight row g and of x rows g, g + 8, at K offset step * 64 + t * 16. Word j of each vector
 feeds the j-th k16 mma of the step (x words as a0/a2 and a1/a3, weight words as b0/b1), so both
 operands see the same K permutation. Accumulator value e of tile r holds token g + 8 (e // 2),
 output column n_tile0 + 8 r + 2 t + e % 2 (the mma C fragment).
+
+With ``pf`` > 0, lane l < 8R also puts row n_tile0 + l's K blocks of iteration it + depth + pf
+into L2 by a bulk prefetch when iteration it + depth is loaded into registers (and those of the
+first pf iterations past the preloaded ones before the PDL wait): requests in flight that hold
+no registers.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class LaneProgram:
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
         self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
+        self.PF = cfg.pf
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
         self.out_blk = self.WN * self.R * self.MT * 8  # outputs per block (incl. padded rows)
@@ -76,6 +83,8 @@ class LaneProgram:
         self.sb_base, self.sbs0, self.sbs1 = sb_base, o.Int64(sbs0), o.Int64(sbs1)
         self.nb_row = o.Int64(o.imin(n_tile0, self.N - 1))
         self.sb_t = o.ld_f32_nc(sb_base) if self.B == 0 else o.Float32(1.0)
+        self.pf_idx = g * 4 + t  # the lane
+        self.pf_row = w_base + o.Int64(o.imin(n_tile0 + self.pf_idx, self.N - 1)) * self.K
 
     def setup_acts(self, x_base, sx, m_rows, g, t, sa_base, sas0, sas1):
         """Activation-side addresses (after the PDL wait); token rows clamped to M - 1."""
@@ -91,6 +100,15 @@ class LaneProgram:
         return k_block(it, u, self.wk, self.WK, self.U, self.NIT, self.KI)
 
     # ---- loads ----------------------------------------------------------------------
+    def prefetch(self, it):
+        """L2 bulk prefetch of iteration it's K blocks of the warp's rows (one per lane < 8R);
+        nothing past the last iteration. The unroll steps of an iteration are contiguous."""
+        if self.PF == 0 or it >= self.NIT:
+            return
+        o = self.o
+        addr = self.pf_row + o.Int64(self.kb(it, 0) * BLOCK)
+        o.prefetch(addr, self.U * BLOCK, self.pf_idx, 8 * self.R)
+
     def load_w(self, it):
         """Weight vectors of iteration it, index (u * 2 + h) * R + r (h: 64-wide half)."""
         out = []
@@ -184,6 +202,8 @@ class LaneProgram:
         """The weight vectors and scales of the first `depth` iterations (issued before the PDL
         wait: they do not depend on the previous kernel)."""
         d = min(self.D, self.NIT)
+        for i in range(d, d + self.PF):
+            self.prefetch(i)
         return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
 
     def run(self, pre):
@@ -195,6 +215,7 @@ class LaneProgram:
         acc = [[self.o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
             if it + d < self.NIT:
+                self.prefetch(it + d + self.PF)
                 ws.append(self.load_w(it + d))
                 sbs.append(self.load_sb(it + d))
             if it + 1 < self.NIT:
