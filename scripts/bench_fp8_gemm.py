@@ -22,11 +22,11 @@ Paths (out = bf16):
                  over 2 GiB, a read-only kernel)
 
 Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,2,4]
-       [--shapes qkv_a,qkvg] [--sweep [near|grid|pf]] [--jobs 8] [--iters 20] [--trials 7]
-       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|pf]] [--jobs 2]    (CPU, no GPU)
+       [--shapes qkv_a,qkvg] [--sweep [near|grid|pf|ring]] [--jobs 8] [--iters 20] [--trials 7]
+       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|pf|ring]] [--jobs 2]    (CPU, no GPU)
 --sweep first times config candidates at M = 8 and 16 (block scales: fp8.fp8_configs_for's
 one-setting neighbours of the default, with `grid` fp8.fp8_config_grid's combinations, with `pf`
-fp8.fp8_prefetch_grid's L2 prefetch distances) and
+fp8.fp8_prefetch_grid's L2 prefetch distances, with `ring` fp8.fp8_ring_grid's cp.async rings) and
 times the best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
 (disk cache, $PLANNER_CACHE_DIR); --precompile only does that, for the GPU tests' kernels too
 (scripts/gpu/fp8_gemm.sh).
@@ -390,6 +390,8 @@ def candidates(mode: str, m: int, n: int, k: int):
         return fp8.fp8_config_grid(m, n, k)
     if mode == "pf":
         return fp8.fp8_prefetch_grid(m, n, k)
+    if mode == "ring":
+        return fp8.fp8_ring_grid(m, n, k)
     return fp8.fp8_configs_for(m, n, k)
 
 
@@ -504,10 +506,11 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
-    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "pf"),
+    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "pf", "ring"),
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
                          " setting varied at a time), grid = fp8_config_grid (combinations), pf ="
-                         " fp8_prefetch_grid (L2 prefetch distances x depth x K split)")
+                         " fp8_prefetch_grid (L2 prefetch distances x depth x K split), ring ="
+                         " fp8_ring_grid (the cp.async ring's stages x tiles x K split)")
     ap.add_argument("--jobs", type=int, default=0, help="precompile in this many processes first")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 CuTe comparison")
     args = ap.parse_args()

@@ -73,6 +73,9 @@ class NumpyOps:
         self.mma_calls = 0
         self.prefetched: set[int] = set()  # byte addresses put into L2 by prefetch()
         self.w_loaded: set[int] = set()  # byte addresses of weight vectors loaded
+        self.smem = np.zeros(0, dtype=np.uint8)  # the block's cp.async ring (reset per block)
+        self.groups: list = []  # committed cp.async groups still in flight: [(smem addr, bytes)]
+        self.open: list = []  # copies since the last commit
 
     @staticmethod
     def Int32(v):
@@ -135,6 +138,43 @@ class NumpyOps:
                 for o, ci in zip(out, c, strict=True)]
 
 
+    def _smem_addrs(self, smem):
+        a = np.broadcast_to(np.asarray(smem, dtype=np.int64), (32,))
+        assert (a % 16 == 0).all() and (a >= 0).all() and (a + 16 <= self.smem.size).all(), \
+            "shared-memory access misaligned or outside the ring"
+        return a
+
+    def cp_async(self, smem, addr):
+        """The copy's bytes land at the wait that retires its group (weights never change, so they
+        are read now)."""
+        data = self.mem.read(np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,)), 16).copy()
+        for base in np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,)).tolist():
+            self.w_loaded.update(range(base, base + 16))
+        self.open.append((self._smem_addrs(smem), data))
+
+    def commit(self):
+        self.groups.append(self.open)
+        self.open = []
+
+    def wait(self, pending: int):
+        keep = len(self.groups) - pending if pending else len(self.groups)
+        for group in self.groups[:max(keep, 0)]:
+            for a, data in group:
+                self.smem[a[:, None] + np.arange(16)] = data
+        self.groups = self.groups[max(keep, 0):]
+
+    def ld_smem(self, smem):
+        a = self._smem_addrs(smem)
+        for group in self.groups + [self.open]:
+            for b, _ in group:
+                assert not np.isin(a, b).any(), "shared-memory read of a copy still in flight"
+        return [w for w in self.smem[a[:, None] + np.arange(16)].copy().view("<u4").astype(np.int64).T]
+
+    def end_warp(self):
+        """A warp's program ended: every copy it issued was waited for and read."""
+        assert not self.open and all(not g for g in self.groups), "copies never waited for"
+        self.groups = []
+
     def prefetch(self, addr, nbytes: int, idx, limit: int):
         """cp.async.bulk.prefetch.L2 where idx < limit: 16-byte aligned, a multiple of 16 bytes,
         inside the allocations."""
@@ -181,15 +221,19 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
 
     for bid in range(cfg.grid(n)):
         red = np.full(WK * WN * R * MT * 8, np.nan, dtype=np.float32)
+        ops.smem = np.full(cfg.ring_bytes(), 0xFF, dtype=np.uint8)  # poison: NaN words
         ln = None
         for warp in range(WN * WK):
             wn, wk = warp % WN, warp // WN
             n_tile0 = (bid * WN + wn) * (8 * R)
             ln = LaneProgram(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
+            if cfg.stages:
+                ln.setup_ring(np.int64(0), np.int64(warp), LANES)
             pre = ln.preload()
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
             acc = ln.run(pre)
+            ops.end_warp()
             for r, e, mm, c8 in acc_entries(R, MT, G, T):
                 if WK == 1:
                     col = n_tile0 + r * 8 + c8
