@@ -22,11 +22,10 @@ Paths (out = bf16):
                  over 2 GiB, a read-only kernel)
 
 Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,2,4]
-       [--shapes qkv_a,qkvg] [--sweep [near|grid|pf|ring]] [--jobs 8] [--iters 20] [--trials 7]
-       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|pf|ring]] [--jobs 2]    (CPU, no GPU)
+       [--shapes qkv_a,qkvg] [--sweep [near|grid]] [--jobs 8] [--iters 20] [--trials 7]
+       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid]] [--jobs 2]    (CPU, no GPU)
 --sweep first times config candidates at M = 8 and 16 (block scales: fp8.fp8_configs_for's
-one-setting neighbours of the default, with `grid` fp8.fp8_config_grid's combinations, with `pf`
-fp8.fp8_prefetch_grid's L2 prefetch distances, with `ring` fp8.fp8_ring_grid's cp.async rings) and
+one-setting neighbours of the default, or with `grid` fp8.fp8_config_grid's combinations) and
 times the best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
 (disk cache, $PLANNER_CACHE_DIR); --precompile only does that, for the GPU tests' kernels too
 (scripts/gpu/fp8_gemm.sh).
@@ -386,13 +385,7 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
 
 # --------------------------------------------------------------------------------------
 def candidates(mode: str, m: int, n: int, k: int):
-    if mode == "grid":
-        return fp8.fp8_config_grid(m, n, k)
-    if mode == "pf":
-        return fp8.fp8_prefetch_grid(m, n, k)
-    if mode == "ring":
-        return fp8.fp8_ring_grid(m, n, k)
-    return fp8.fp8_configs_for(m, n, k)
+    return fp8.fp8_config_grid(m, n, k) if mode == "grid" else fp8.fp8_configs_for(m, n, k)
 
 
 def sweep_shape(name, n, k, args, log, best):
@@ -506,11 +499,9 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
-    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "pf", "ring"),
+    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid"),
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
-                         " setting varied at a time), grid = fp8_config_grid (combinations), pf ="
-                         " fp8_prefetch_grid (L2 prefetch distances x depth x K split), ring ="
-                         " fp8_ring_grid (the cp.async ring's stages x tiles x K split)")
+                         " setting varied at a time), grid = fp8_config_grid (combinations)")
     ap.add_argument("--jobs", type=int, default=0, help="precompile in this many processes first")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 CuTe comparison")
     args = ap.parse_args()

@@ -71,11 +71,6 @@ class NumpyOps:
     def __init__(self, mem: Memory):
         self.mem = mem
         self.mma_calls = 0
-        self.prefetched: set[int] = set()  # byte addresses put into L2 by prefetch()
-        self.w_loaded: set[int] = set()  # byte addresses of weight vectors loaded
-        self.smem = np.zeros(0, dtype=np.uint8)  # the block's cp.async ring (reset per block)
-        self.groups: list = []  # committed cp.async groups still in flight: [(smem addr, bytes)]
-        self.open: list = []  # copies since the last commit
 
     @staticmethod
     def Int32(v):
@@ -95,12 +90,7 @@ class NumpyOps:
         words = self.mem.read(addr, 16).copy().view("<u4").astype(np.int64)
         return [words[:, j] for j in range(4)]
 
-    ld_x = _ld_v4
-
-    def ld_w(self, addr):
-        for base in np.asarray(addr, dtype=np.int64).reshape(-1).tolist():
-            self.w_loaded.update(range(base, base + 16))
-        return self._ld_v4(addr)
+    ld_w = ld_x = _ld_v4
 
     def ld_f32(self, addr):
         return self.mem.read(addr, 4).copy().view("<f4").reshape(np.shape(addr))
@@ -138,62 +128,11 @@ class NumpyOps:
                 for o, ci in zip(out, c, strict=True)]
 
 
-    def _smem_addrs(self, smem):
-        a = np.broadcast_to(np.asarray(smem, dtype=np.int64), (32,))
-        assert (a % 16 == 0).all() and (a >= 0).all() and (a + 16 <= self.smem.size).all(), \
-            "shared-memory access misaligned or outside the ring"
-        return a
-
-    def cp_async(self, smem, addr):
-        """The copy's bytes land at the wait that retires its group (weights never change, so they
-        are read now)."""
-        data = self.mem.read(np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,)), 16).copy()
-        for base in np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,)).tolist():
-            self.w_loaded.update(range(base, base + 16))
-        self.open.append((self._smem_addrs(smem), data))
-
-    def commit(self):
-        self.groups.append(self.open)
-        self.open = []
-
-    def wait(self, pending: int):
-        keep = len(self.groups) - pending if pending else len(self.groups)
-        for group in self.groups[:max(keep, 0)]:
-            for a, data in group:
-                self.smem[a[:, None] + np.arange(16)] = data
-        self.groups = self.groups[max(keep, 0):]
-
-    def ld_smem(self, smem):
-        a = self._smem_addrs(smem)
-        for group in self.groups + [self.open]:
-            for b, _ in group:
-                assert not np.isin(a, b).any(), "shared-memory read of a copy still in flight"
-        return [w for w in self.smem[a[:, None] + np.arange(16)].copy().view("<u4").astype(np.int64).T]
-
-    def end_warp(self):
-        """A warp's program ended: every copy it issued was waited for and read."""
-        assert not self.open and all(not g for g in self.groups), "copies never waited for"
-        self.groups = []
-
-    def prefetch(self, addr, nbytes: int, idx, limit: int):
-        """cp.async.bulk.prefetch.L2 where idx < limit: 16-byte aligned, a multiple of 16 bytes,
-        inside the allocations."""
-        assert nbytes % 16 == 0 and nbytes > 0
-        a = np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,))[np.asarray(idx) < limit]
-        self.mem.read(a, 16)  # alignment and bounds of the first 16 bytes
-        assert (a + nbytes <= self.mem.top).all(), "prefetch out of bounds"
-        for base in a.tolist():
-            self.prefetched.update(range(base, base + nbytes))
-
-
 def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, sb: np.ndarray,
-            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None,
-            stats: dict | None = None):
+            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None):
     """out[M, N] (fp32, before any bf16 rounding) as the kernel computes it. a, b: scale kinds
     (0 tensor, 1 row/col, 2 block); sa, sb: 2-D fp32 arrays stored with the given element
-    strides (default row-major); x stored with row stride x_stride (default K). `stats` (a dict)
-    receives the weight bytes loaded ("w_loaded"), prefetched into L2 ("prefetched", relative to
-    the weight base) and the weight base ("w_base")."""
+    strides (default row-major); x stored with row stride x_stride (default K)."""
     m, k = x_u8.shape
     n = w_u8.shape[0]
     assert cfg.check(m, n, k) is None, cfg.check(m, n, k)
@@ -221,19 +160,15 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
 
     for bid in range(cfg.grid(n)):
         red = np.full(WK * WN * R * MT * 8, np.nan, dtype=np.float32)
-        ops.smem = np.full(cfg.ring_bytes(), 0xFF, dtype=np.uint8)  # poison: NaN words
         ln = None
         for warp in range(WN * WK):
             wn, wk = warp % WN, warp // WN
             n_tile0 = (bid * WN + wn) * (8 * R)
             ln = LaneProgram(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
-            if cfg.stages:
-                ln.setup_ring(np.int64(0), np.int64(warp), LANES)
             pre = ln.preload()
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
             acc = ln.run(pre)
-            ops.end_warp()
             for r, e, mm, c8 in acc_entries(R, MT, G, T):
                 if WK == 1:
                     col = n_tile0 + r * 8 + c8
@@ -255,10 +190,6 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
                 ok = idx < ln.out_blk
                 store(mm[ok], col[ok], np.broadcast_to(v, idx.shape)[ok])
     assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
-    if stats is not None:
-        stats["w_base"] = w_base
-        stats["w_loaded"] = {v - w_base for v in ops.w_loaded}
-        stats["prefetched"] = {v - w_base for v in ops.prefetched}
     return out, ops.mma_calls
 
 

@@ -223,13 +223,6 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, depth=3), 7, 48, 640),     # 5 iterations, 3 in flight
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, depth=2), 12, 24, 512),  # depth = iterations
     (Fp8Config(m_tile=8, tiles=1, warps_k=1, depth=4), 3, 16, 256),           # depth > iterations
-    (Fp8Config(m_tile=8, tiles=4, warps_k=1, unroll=2, hw=4, pf=2, ki=0), 6, 40, 1024),
-    (Fp8Config(m_tile=16, tiles=1, warps_k=2, hw=4, depth=2, pf=3), 16, 24, 1280),
-    (Fp8Config(m_tile=8, tiles=2, warps_k=3, hw=2, pf=1), 8, 100, 768),       # prefetch, converted
-    (Fp8Config(m_tile=16, tiles=2, warps_k=2, hw=4, stages=3), 13, 136, 1280),  # cp.async ring
-    (Fp8Config(m_tile=8, tiles=1, warps_n=2, warps_k=1, unroll=2, hw=2, stages=4, ki=0), 5, 40, 768),
-    (Fp8Config(m_tile=16, tiles=4, warps_k=2, hw=4, stages=8), 16, 32, 512),  # more stages than iterations
-    (Fp8Config(m_tile=8, tiles=2, warps_k=4, hw=4, stages=2, minb=2), 2, 24, 1024),
 ]
 
 
@@ -248,45 +241,6 @@ def test_emulated_kernel_matches_fp64_reference(case, kinds):
     assert ok, (cfg.key(), kinds, rel)
     per_block = 8 * cfg.tiles  # 2 K steps x 4 words
     assert calls == cfg.grid(n) * cfg.warps_n * cfg.warps_k * cfg.iterations(k) * cfg.unroll * per_block
-
-
-@pytest.mark.parametrize("case", [i for i, c in enumerate(EMU_CASES) if c[0].pf])
-def test_l2_prefetch_covers_what_is_loaded_later(case):
-    """Every weight byte a warp loads after its preloaded iterations was bulk-prefetched into L2
-    first, and nothing else was (no byte outside the weight, none of the preloaded iterations)."""
-    from executors.cute.fp8_lane import k_block
-
-    cfg, m, n, k = EMU_CASES[case]
-    rng = np.random.default_rng(case)
-    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
-    ones = np.ones((1, 1), np.float32)
-    stats: dict = {}
-    emulate(cfg, x, w, ones, ones, 0, 0, stats=stats)
-    nit, d = cfg.iterations(k), min(cfg.depth, cfg.iterations(k))
-    pre = {k_block(it, u, wk, cfg.warps_k, cfg.unroll, nit, cfg.ki)
-           for wk in range(cfg.warps_k) for it in range(d) for u in range(cfg.unroll)}
-    want = {row * k + kb * 128 + c for row in range(n) for kb in range(k // 128) if kb not in pre
-            for c in range(128)}
-    assert stats["prefetched"] == want
-    assert stats["prefetched"] <= stats["w_loaded"]
-
-
-def test_ring_reads_only_landed_copies():
-    """Negative control of the cp.async ring: waiting for one group fewer than the program does
-    reads a stage whose copies are still in flight, which the emulator refuses."""
-    cfg = Fp8Config(m_tile=8, tiles=1, warps_k=1, hw=4, stages=3)
-    m, n, k = 4, 16, 768
-    rng = np.random.default_rng(5)
-    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
-    ones = np.ones((1, 1), np.float32)
-    emulate(cfg, x, w, ones, ones, 0, 0)
-    orig = NumpyOps.wait
-    NumpyOps.wait = lambda self, pending: orig(self, pending + 1)
-    try:
-        with pytest.raises(AssertionError, match="still in flight"):
-            emulate(cfg, x, w, ones, ones, 0, 0)
-    finally:
-        NumpyOps.wait = orig
 
 
 def test_emulated_strided_operands():
@@ -476,42 +430,6 @@ def test_without_pdl_no_griddepcontrol():
     _need_cutlass()
     ptx = fp8.compile_fp8_for_arch(Fp8Config(m_tile=8, tiles=2, warps_k=2, pdl=False), 256, 512)
     assert "griddepcontrol" not in ptx and "mma.sync" in ptx
-
-
-def test_ptx_l2_prefetch():
-    """pf > 0: one bulk L2 prefetch per iteration past the preloaded ones (8R rows per warp fit one
-    instruction), the first pf of them before the PDL wait; pf 0: none."""
-    _need_cutlass()
-    n, k = SHAPES["qkvg"]
-    for cfg in (Fp8Config(m_tile=16, tiles=2, warps_k=4, hw=4, pf=3),
-                Fp8Config(m_tile=8, tiles=4, warps_k=8, unroll=1, hw=4, depth=2, pf=1),
-                Fp8Config(m_tile=8, tiles=2, warps_k=2, hw=4, pf=0)):
-        ptx = fp8.compile_fp8_for_arch(cfg, n, k)
-        nit, d = cfg.iterations(k), min(cfg.depth, cfg.iterations(k))
-        want = nit - d if cfg.pf else 0
-        assert ptx.count("cp.async.bulk.prefetch.L2.global") == want, cfg.key()
-        wait = ptx.index("griddepcontrol.wait")
-        assert ptx.count("cp.async.bulk.prefetch.L2.global", 0, wait) == min(cfg.pf, want), cfg.key()
-
-
-def test_ptx_cp_async_ring():
-    """stages S: every weight vector is one 16-byte cp.async (the first S - 1 iterations before the
-    PDL wait) and one ld.shared, one commit per iteration issued, one wait per iteration, no
-    register loads of weights; ptxas keeps it without spills."""
-    _need_cutlass()
-    n, k = SHAPES["qkvg"]
-    for cfg in (Fp8Config(m_tile=16, tiles=2, warps_k=4, hw=4, stages=4),
-                Fp8Config(m_tile=8, tiles=1, warps_k=7, unroll=2, hw=2, stages=2)):
-        ptx = fp8.compile_fp8_for_arch(cfg, n, k)
-        nit, v = cfg.iterations(k), cfg.unroll * 2 * cfg.tiles
-        assert ptx.count("cp.async.cg.shared.global") == nit * v, cfg.key()
-        assert ptx.count("ld.shared.v4.u32") == nit * v, cfg.key()
-        assert ptx.count("ld.global.nc.L1::no_allocate") == 0, cfg.key()
-        assert ptx.count("cp.async.commit_group") == nit + cfg.stages - 1, cfg.key()
-        assert ptx.count(f"cp.async.wait_group {cfg.stages - 1};") == nit, cfg.key()
-        wait = ptx.index("griddepcontrol.wait")
-        assert ptx.count("cp.async.cg.shared.global", 0, wait) == (cfg.stages - 1) * v, cfg.key()
-        assert ".local" not in ptx, cfg.key()
 
 
 def test_sweep_configs_compile():

@@ -16,7 +16,6 @@ from .fp8_defaults import SMS as MEASURED_SMS
 BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
 FP8_MAX_M = 16
 SMS = 132  # H200 / H100 SXM streaming multiprocessors (config heuristics only)
-SMEM_PER_SM = 227 * 1024  # sm_90 shared memory one block may use
 SCALE_A_KINDS = ("tensor", "row", "block")
 SCALE_B_KINDS = ("tensor", "col", "block")
 _A_CODE = {"tensor": 0, "row": 1, "block": 2}
@@ -45,27 +44,13 @@ class Fp8Config:
     minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
     pdl: bool = True
     depth: int = 1  # iterations of weights in flight: iteration it + depth is loaded before it is used
-    pf: int = 0  # L2 bulk prefetch distance in iterations beyond the register loads (0 = none)
-    stages: int = 0  # >= 2: weights stream through a per-lane cp.async ring of this many iterations
-    # in shared memory (bytes in flight without registers); 0: loaded straight into registers
-
-    def ring_bytes(self) -> int:
-        """Shared memory of the cp.async ring per block (0 without one)."""
-        return self.stages * self.unroll * 2 * self.tiles * 16 * self.threads()
-
-    def smem_bytes(self) -> int:
-        """Shared memory per block: the ring and the warps_k reduction."""
-        red = 4 * self.warps_k * self.warps_n * self.tiles * self.m_tile * 8 if self.warps_k > 1 else 0
-        return self.ring_bytes() + red
 
     def key(self) -> str:
         wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
         mb = f"_mb{self.minb}" if self.minb else ""
         d = f"_d{self.depth}" if self.depth != 1 else ""
-        pf = f"_pf{self.pf}" if self.pf else ""
-        pf += f"_s{self.stages}" if self.stages else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
-                f"_hw{self.hw}{mb}{d}{pf}_pdl{int(self.pdl)}")
+                f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -117,13 +102,6 @@ class Fp8Config:
             return "ki is 0/1, hw is 0..4"
         if not 1 <= self.depth <= 4:
             return "depth (iterations of weights in flight) is 1..4"
-        if not 0 <= self.pf <= 32:
-            return "pf (L2 prefetch distance in iterations) is 0..32"
-        if self.stages and not (2 <= self.stages <= 8 and self.depth == 1 and self.pf == 0):
-            return "stages is 0 or 2..8 (the ring replaces depth and pf: both stay at 1 / 0)"
-        if self.smem_bytes() * max(self.minb, 1) > SMEM_PER_SM:
-            return (f"{self.smem_bytes()} bytes of shared memory per block x {max(self.minb, 1)} "
-                    f"blocks > {SMEM_PER_SM}")
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
         return None
@@ -254,50 +232,6 @@ def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
                         cc = dataclasses.replace(c, minb=minb)
                         if cc not in out and _fits(cc, m, n, k) and not (tiles == 4 and cc.threads() > 256):
                             out.append(cc)
-    return out
-
-
-def fp8_prefetch_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
-    """The default crossed with L2 bulk prefetch distances (none, 1, 2, 4, 8 iterations, the
-    whole K range), weights in flight (depth 1, 2) and half / double the warps along K (fewer
-    warps may do when the prefetches keep the bytes in flight), default first (`--sweep pf` of
-    bench_fp8_gemm.py)."""
-    base = default_fp8_config(m, n, k, sms)
-    kb = k // BLOCK
-    out = [base]
-    wks = [base.warps_k] + [w for w in (base.warps_k // 2, base.warps_k * 2) if w >= 1 and kb % w == 0]
-    for wk in wks:
-        c = dataclasses.replace(base, warps_k=wk)
-        nit = c.iterations(k)
-        for depth in (1, 2):
-            if depth > max(nit, 1):
-                continue
-            pfs = sorted({p for p in (0, 1, 2, 4, 8, nit - depth) if 0 <= p <= min(32, nit - depth)})
-            for pf in pfs:
-                cc = dataclasses.replace(c, depth=depth, pf=pf)
-                if cc not in out and _fits(cc, m, n, k):
-                    out.append(cc)
-    return out
-
-
-def fp8_ring_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
-    """The default, then the cp.async ring (stages 2, 4, 8) over tiles per warp, unroll and the
-    default's K split, half and a quarter of it (a ring keeps more bytes in flight per warp, so
-    fewer warps may do), no launch bound; what fits the shape and shared memory (`--sweep ring`
-    of bench_fp8_gemm.py)."""
-    base = default_fp8_config(m, n, k, sms)
-    kb = k // BLOCK
-    wks = sorted({w for w in (base.warps_k, base.warps_k // 2, base.warps_k // 4) if w >= 1 and kb % w == 0})
-    out = [base]
-    for tiles in (1, 2, 4):
-        for wk in wks:
-            for unroll in (1, 2):
-                for st in (2, 4, 8):
-                    c = dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll, stages=st,
-                                            depth=1, pf=0, minb=0)
-                    if (c not in out and _fits(c, m, n, k) and st <= c.iterations(k) + 1
-                            and not (tiles == 4 and c.threads() > 256)):
-                        out.append(c)
     return out
 
 

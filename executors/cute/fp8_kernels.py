@@ -20,16 +20,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
 from .kernels import _imin, _SmemAllocator
-from .ptx import (
-    cp_async_16,
-    cp_async_commit,
-    cp_async_wait,
-    ld_act_v4,
-    ld_shared_v4,
-    ld_weights_v4,
-    pdl_wait,
-    prefetch_l2_bulk,
-)
+from .ptx import ld_act_v4, ld_weights_v4, pdl_wait
 
 
 # --------------------------------------------------------------------------------------
@@ -107,15 +98,6 @@ class _Ops:
     cvt_bits = staticmethod(cvt_bits)
     mma = staticmethod(mma_f16)
 
-    cp_async = staticmethod(cp_async_16)
-    commit = staticmethod(cp_async_commit)
-    wait = staticmethod(cp_async_wait)
-    ld_smem = staticmethod(ld_shared_v4)
-
-    @staticmethod
-    def prefetch(addr, nbytes: int, idx, limit: int):
-        prefetch_l2_bulk(addr, Int32(nbytes), idx, limit)
-
 
 # --------------------------------------------------------------------------------------
 # kernel
@@ -151,10 +133,6 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         ln = LaneProgram(_Ops, cfg, N, K, a, b)
         ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
                          mSB.stride[0], mSB.stride[1])
-        smem = _SmemAllocator()
-        if cutlass.const_expr(cfg.stages > 0):
-            ring = smem.allocate_tensor(Int32, cute.make_layout(cfg.ring_bytes() // 4), byte_alignment=16)
-            ln.setup_ring(Int32(ring.iterator.toint()), warp, lane)
         pre = ln.preload()
         if cutlass.const_expr(PDL):
             pdl_wait(tid)
@@ -177,6 +155,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                     if col < N:
                         mO[m, col] = v
         else:
+            smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
             for q in cutlass.range_constexpr(len(ents)):
                 r, e, m, c8 = ents[q]

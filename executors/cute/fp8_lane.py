@@ -8,27 +8,13 @@ are the ones the GPU runs. Plain Python loops and ifs here unroll at trace time.
 ``ops`` provides: Int32, Int64, Float32 (constructors), imin(a, b), ld_w(addr) / ld_x(addr)
 (16-byte loads of weights / activations as 4 words), ld_f32 / ld_f32_nc (scalar fp32 loads of
 activation / weight scales), cvt_hw(word) / cvt_bits(word) (4 e4m3 -> 2 f16x2 words, see
-fp8.word_byte_order), mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate) and
-prefetch(addr, nbytes, idx, limit) (an L2 bulk prefetch issued where idx < limit); for the ring
-(stages > 0): cp_async(smem, addr) (16 bytes global -> shared), commit(), wait(pending) (the
-cp.async groups) and ld_smem(smem) (16 bytes as 4 words).
+fp8.word_byte_order) and mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate).
 
 Lane layout (g = lane / 4, t = lane % 4): per n8 tile and 64-wide K step the lane loads 16 bytes
 of weight row g and of x rows g, g + 8, at K offset step * 64 + t * 16. Word j of each vector
 feeds the j-th k16 mma of the step (x words as a0/a2 and a1/a3, weight words as b0/b1), so both
 operands see the same K permutation. Accumulator value e of tile r holds token g + 8 (e // 2),
 output column n_tile0 + 8 r + 2 t + e % 2 (the mma C fragment).
-
-With ``pf`` > 0, lane l < 8R also puts row n_tile0 + l's K blocks of iteration it + depth + pf
-into L2 by a bulk prefetch when iteration it + depth is loaded into registers (and those of the
-first pf iterations past the preloaded ones before the PDL wait): requests in flight that hold
-no registers.
-
-With ``stages`` = S > 0 the weight vectors go through shared memory instead: each lane copies its
-own vectors of iteration it + S - 1 into ring stage (it - 1) % S (consumed by the previous
-iteration) with cp.async, one commit group per iteration, waits until iteration it's group has
-landed and reads its vectors back. A lane only reads what it copied itself, so no barrier is
-needed; S - 1 iterations of weights are in flight without holding registers.
 """
 
 from __future__ import annotations
@@ -75,8 +61,6 @@ class LaneProgram:
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
         self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
-        self.PF, self.S = cfg.pf, cfg.stages
-        self.V = self.U * 2 * self.R  # weight vectors per lane and iteration
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
         self.out_blk = self.WN * self.R * self.MT * 8  # outputs per block (incl. padded rows)
@@ -92,8 +76,6 @@ class LaneProgram:
         self.sb_base, self.sbs0, self.sbs1 = sb_base, o.Int64(sbs0), o.Int64(sbs1)
         self.nb_row = o.Int64(o.imin(n_tile0, self.N - 1))
         self.sb_t = o.ld_f32_nc(sb_base) if self.B == 0 else o.Float32(1.0)
-        self.pf_idx = g * 4 + t  # the lane
-        self.pf_row = w_base + o.Int64(o.imin(n_tile0 + self.pf_idx, self.N - 1)) * self.K
 
     def setup_acts(self, x_base, sx, m_rows, g, t, sa_base, sas0, sas1):
         """Activation-side addresses (after the PDL wait); token rows clamped to M - 1."""
@@ -109,52 +91,15 @@ class LaneProgram:
         return k_block(it, u, self.wk, self.WK, self.U, self.NIT, self.KI)
 
     # ---- loads ----------------------------------------------------------------------
-    def prefetch(self, it):
-        """L2 bulk prefetch of iteration it's K blocks of the warp's rows (one per lane < 8R);
-        nothing past the last iteration. The unroll steps of an iteration are contiguous."""
-        if self.PF == 0 or it >= self.NIT:
-            return
-        o = self.o
-        addr = self.pf_row + o.Int64(self.kb(it, 0) * BLOCK)
-        o.prefetch(addr, self.U * BLOCK, self.pf_idx, 8 * self.R)
-
-    def w_addrs(self, it):
-        """Addresses of the weight vectors of iteration it, index (u * 2 + h) * R + r (h: 64-wide
-        half)."""
+    def load_w(self, it):
+        """Weight vectors of iteration it, index (u * 2 + h) * R + r (h: 64-wide half)."""
         out = []
         for u in range(self.U):
             kb = self.kb(it, u)
             for h in range(2):
                 for r in range(self.R):
-                    out.append(self.w_rows[r] + self.o.Int64(kb * BLOCK + h * 64))
+                    out.append(self.o.ld_w(self.w_rows[r] + self.o.Int64(kb * BLOCK + h * 64)))
         return out
-
-    def load_w(self, it):
-        """Weight vectors of iteration it (w_addrs' order) into registers."""
-        return [self.o.ld_w(a) for a in self.w_addrs(it)]
-
-    # ---- the cp.async ring (stages > 0) ------------------------------------------------
-    def setup_ring(self, base, warp, lane):
-        """Slot (stage s, vector v) of this lane is at shared address
-        base + (((warp * S + s) * V + v) * 32 + lane) * 16: the 32 lanes of a warp read 512
-        contiguous bytes per vector (no bank conflicts)."""
-        o = self.o
-        self.ring = base + (warp * o.Int32(self.S * self.V * 32) + lane) * o.Int32(16)
-
-    def slot(self, it, v):
-        return self.ring + self.o.Int32(((it % self.S) * self.V + v) * 32 * 16)
-
-    def issue_w(self, it):
-        """cp.async of iteration it's weight vectors into its stage, then one commit (an empty
-        group past the last iteration keeps the group count uniform for wait)."""
-        o = self.o
-        if it < self.NIT:
-            for v, a in enumerate(self.w_addrs(it)):
-                o.cp_async(self.slot(it, v), a)
-        o.commit()
-
-    def read_w(self, it):
-        return [self.o.ld_smem(self.slot(it, v)) for v in range(self.V)]
 
     def load_sb(self, it):
         """Weight block scale of each unroll step (block kind only)."""
@@ -237,29 +182,19 @@ class LaneProgram:
 
     def preload(self):
         """The weight vectors and scales of the first `depth` iterations (issued before the PDL
-        wait: they do not depend on the previous kernel); with the ring, the copies of the
-        first S - 1 iterations and iteration 0's weight scales."""
-        if self.S:
-            for i in range(self.S - 1):
-                self.issue_w(i)
-            return None, self.load_sb(0)
+        wait: they do not depend on the previous kernel)."""
         d = min(self.D, self.NIT)
-        for i in range(d, d + self.PF):
-            self.prefetch(i)
         return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
 
     def run(self, pre):
         """The K loop over preload()'s first iterations: iteration it + depth's weights and it + 1's
         activations are issued before iteration it's conversions and mma."""
-        if self.S:
-            return self._run_ring(pre[1])
         ws, sbs = pre
         d = len(ws)
         x_cur, sa_cur = self.load_x(0), self.load_sa(0)
         acc = [[self.o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
             if it + d < self.NIT:
-                self.prefetch(it + d + self.PF)
                 ws.append(self.load_w(it + d))
                 sbs.append(self.load_sb(it + d))
             if it + 1 < self.NIT:
@@ -270,23 +205,6 @@ class LaneProgram:
             ws[it] = sbs[it] = None  # consumed
             if it + 1 < self.NIT:
                 x_cur, sa_cur = x_nxt, sa_nxt
-        return acc
-
-    def _run_ring(self, sb_cur):
-        o = self.o
-        x_cur, sa_cur = self.load_x(0), self.load_sa(0)
-        acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
-        for it in range(self.NIT):
-            self.issue_w(it + self.S - 1)
-            if it + 1 < self.NIT:
-                x_nxt, sa_nxt, sb_nxt = self.load_x(it + 1), self.load_sa(it + 1), self.load_sb(it + 1)
-            o.wait(self.S - 1)  # iteration it's group has landed
-            w = self.read_w(it)
-            for u in range(self.U):
-                ph, pb = self.block_mma(w, x_cur, u)
-                acc = self.promote(acc, ph, pb, sa_cur, sb_cur, u)
-            if it + 1 < self.NIT:
-                x_cur, sa_cur, sb_cur = x_nxt, sa_nxt, sb_nxt
         return acc
 
     def final(self, s, m, col):

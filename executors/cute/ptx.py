@@ -58,41 +58,6 @@ def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-def _asm(text: str, cons: str, args, loc, ip):
-    llvm.inline_asm(None, args, text, cons, has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def cp_async_16(smem: Int32, addr: Int64, *, loc=None, ip=None):
-    """Asynchronous 16-byte copy global -> shared (shared address `smem`), L1 bypassed."""
-    _asm("cp.async.cg.shared.global.L2::256B [$0], [$1], 16;", "r,l",
-         [Int32(smem).ir_value(loc=loc, ip=ip), Int64(addr).ir_value(loc=loc, ip=ip)], loc, ip)
-
-
-@dsl_user_op
-def cp_async_commit(*, loc=None, ip=None):
-    """Close this thread's current group of cp.async copies (an empty group is allowed)."""
-    _asm("cp.async.commit_group;", "", [], loc, ip)
-
-
-@dsl_user_op
-def cp_async_wait(pending: int, *, loc=None, ip=None):
-    """Wait until at most `pending` of this thread's newest groups are still in flight; the
-    copies of the older ones are then visible to this thread."""
-    _asm(f"cp.async.wait_group {int(pending)};", "", [], loc, ip)
-
-
-@dsl_user_op
-def ld_shared_v4(smem: Int32, *, loc=None, ip=None):
-    """One 128-bit shared-memory load as four i32 values (ordered with the cp.async asm)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4), [Int32(smem).ir_value(loc=loc, ip=ip)],
-        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True,
-        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
-
-
 _WAITS = [0]  # unique PTX labels per pdl_wait instance
 
 
