@@ -307,6 +307,11 @@ class Extern(OpBase):
     def infer(self, ctx):
         for i, a in enumerate(self.args):
             ctx.tensor(a, ("args", i))
+        if self.cost_us is not None and not self.cost_us >= 0:
+            ctx.fail(f"cost_us must be >= 0 (microseconds), got {self.cost_us:g}", "cost_us", "type")
+        if not self.side_stream and self.stream not in (None, "main"):
+            ctx.fail(f"side_stream=false keeps this code on the caller's stream (main), but it is "
+                     f"pinned to stream '{self.stream}'", "stream", "stream")
         if (self.shape is None) == (self.shapes is None):
             ctx.fail("extern needs exactly one of shape= (one result) or shapes= (several)", "shape")
         if self.shapes is not None:

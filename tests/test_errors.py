@@ -143,3 +143,30 @@ variants:
 def test_flow_mapping_comma_hint(tmp_path):
     err = error(tmp_path, "outputs: [y]\nops:\n  - {y: gemm(x, w)}\n")
     assert "quote the call" in err.diagnostics[0].hint
+
+
+@pytest.mark.parametrize("call, code, words, value", [
+    ("extern(f, x, shape=[num_tokens, 8], cost_us=-5)", "type", "cost_us must be >= 0", "-5"),
+    ("extern(f, x, shape=[num_tokens, 8], cost_us='-5')", "type", "cost_us must be >= 0", "'-5'"),
+    ("extern(f, x, shape=[num_tokens, 8], cost_us='nan')", "type", "finite number", "'nan'"),
+    ("extern(f, x, shape=[num_tokens, 8], cost_us='1e9999')", "type", "finite number", "'1e9999'"),
+    ("extern(f, x, shape=[num_tokens, 8], cost_us=2, side_stream=false, stream=aux)", "stream",
+     "side_stream=false", "aux"),
+])
+def test_extern_cost_and_stream_conflicts(tmp_path, call, code, words, value):
+    """A negative, NaN or infinite cost_us and a side_stream=false extern pinned off main are
+    located errors (they used to reach the cost model: negative gains, NaN estimates, JSON
+    `Infinity`, or model code on a side stream against its declaration)."""
+    line = f"  - y: {call}\n"
+    err = error(tmp_path, "outputs: [y]\nops:\n" + line)
+    d = err.diagnostics[0]
+    assert d.code == code and words in d.message, d.format()
+    assert d.loc.col == line.rindex(value) + 1, d.format()  # at the offending value
+
+
+def test_integer_expression_is_a_number(tmp_path):
+    """cost_us=-5 written unquoted and cost_us=hidden // 2 evaluate (no 'must be a number')."""
+    from tests.planutil import load
+
+    plan = load(tmp_path, "outputs: [y]\nops:\n  - y: extern(f, x, shape=[num_tokens, 8], cost_us=8 // 2)\n")
+    assert plan.op("y").cost_us == 4.0

@@ -8,6 +8,7 @@ calls and `x[a:b]` slices, which become anonymous ops.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import ChainMap
 from dataclasses import dataclass, field
@@ -558,14 +559,26 @@ class Expander:
             return r
         if fk == F:
             from ..expr import Str
+            val = None
             if isinstance(v, Num):
-                return float(v.value)
-            if isinstance(v, Str):  # expressions have no float literals: eps='1e-6'
+                val = float(v.value)
+            elif isinstance(v, Str):  # expressions have no float literals: eps='1e-6'
                 try:
-                    return float(v.value)
+                    val = float(v.value)
                 except ValueError:
                     pass
-            raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be a number (quote a fraction: {k}='1e-6')")
+            else:  # an integer expression: -5, hidden // 64
+                try:
+                    r = evaluate(v, env)
+                except ExprError:
+                    r = None
+                if isinstance(r, int) and not isinstance(r, bool):
+                    val = float(r)
+            if val is None:
+                raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be a number (quote a fraction: {k}='1e-6')")
+            if not math.isfinite(val):
+                raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be a finite number, got {unparse(v)}")
+            return val
         if fk == B:
             if isinstance(v, Name) and v.id in ("true", "false"):
                 return v.id == "true"
