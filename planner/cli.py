@@ -127,6 +127,8 @@ def _add_run(sub) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="gloo on cpu, NCCL on cuda")
     p.add_argument("--check", action="store_true", help="compare every output with the unfused reference")
     p.add_argument("--num-tokens", type=int, default=None, metavar="T", help="value of the num_tokens dim")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=V",
+                   help="value of any dim (repeatable, e.g. --dim num_seqs=4); the others are drawn from --seed")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
     _emit(p)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def planner_run_ranks(rank, world, argvs):
     """For each `planner run ...` argv: the rank body of cmd_run with the parsed arguments."""
-    from executors.tools.commands import _rank_body
+    from executors.tools.commands import _dim_args, _rank_body
     from planner.cli import build_parser
     from planner.lang.loader import parse_overrides
     reports = []
@@ -15,5 +15,5 @@ def planner_run_ranks(rank, world, argvs):
         assert args.world_size == world
         ns = {k: v for k, v in vars(args).items() if k != "handler"}
         reports.append(_rank_body(rank, world, args.plan, parse_overrides(args.overrides), ns, args.device,
-                                  args.check, args.num_tokens, args.seed))
+                                  args.check, _dim_args(args), args.seed))
     return reports

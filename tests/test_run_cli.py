@@ -59,3 +59,28 @@ def test_run_mismatch_exits_1(capsys, monkeypatch):
     rc = main(["run", str(PLANS / "k3_kda_projection.yaml"), "--check", "--num-tokens", "3"])
     out = capsys.readouterr().out
     assert rc == 1 and "result: MISMATCH" in out and " NO" in out
+
+
+def test_run_sets_any_dim(tmp_path, capsys):
+    """--dim NAME=V fixes any dim (a variant gated on a second dim can be run on purpose); an
+    unknown dim, a malformed value or one outside the range exits 2 with a message."""
+    p = tmp_path / "two_dims.yaml"
+    p.write_text(
+        "plan: two_dims\nparams: {hidden: 16}\ndims: {num_tokens: 1..64, num_seqs: 1..64}\n"
+        "inputs: {x: 'bf16[num_tokens, hidden]', s: 'bf16[num_seqs, hidden]'}\n"
+        "weights: {w: 'bf16[hidden, hidden]'}\noutputs: [y, z]\nops:\n"
+        "  - y: gemm(x, w)\n"
+        "  - region: r\n    outputs: [z]\n    variants:\n"
+        "      - name: few_seqs\n        when: num_seqs <= 4\n        ops:\n          - z: gemm(s, w)\n"
+        "      - name: many_seqs\n        ops:\n          - z: gemm(s, w)\n")
+    assert main(["run", str(p), "--check", "--dim", "num_seqs=3", "--num-tokens", "5", "--emit", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    r0 = data["ranks"][0]
+    assert r0["variants"] == {"r": "few_seqs"}
+    assert {o["name"]: o["shape"] for o in r0["outputs"]} == {"y": [5, 16], "z": [3, 16]}
+    for bad, words in ((["--dim", "num_sqs=3"], "did you mean 'num_seqs'"), (["--dim", "num_seqs=x"], "NAME=INTEGER"),
+                       (["--dim", "num_seqs=100"], "outside 1..64"),
+                       (["--dim", "num_tokens=4", "--num-tokens", "5"], "disagree")):
+        assert main(["run", str(p), *bad]) == 2
+        err = capsys.readouterr().err
+        assert words in err, err

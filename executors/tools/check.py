@@ -43,15 +43,27 @@ TOLERANCE = {"bf16": (2e-2, 2e-2), "fp16": (5e-3, 5e-3), "fp32": (1e-4, 1e-4),
              "fp8_e4m3": (0.125, 1e-2), "fp8_e5m2": (0.25, 1e-2)}
 
 
-def pick_dims(plan, num_tokens: int | None, seed: int) -> dict:
+def pick_dims(plan, num_tokens: int | None, seed: int, dims: dict | None = None) -> dict:
+    """Values of the plan's dims for one run: `dims` (name -> value, `planner run --dim`) and
+    num_tokens where given (checked against the declared range), the rest drawn from `seed`."""
+    from planner.errors import PlanError, did_you_mean
+
+    fixed = dict(dims or {})
+    if num_tokens is not None:
+        fixed["num_tokens"] = num_tokens
+    for name, v in fixed.items():
+        d = plan.dims.get(name)
+        if d is None:
+            raise PlanError.at(None, "name", f"--dim {name}: the plan has no dim '{name}'"
+                               f" (dims: {', '.join(plan.dims) or 'none'})", did_you_mean(name, list(plan.dims)))
+        if not d.lo <= v <= d.hi:
+            flag = "--num-tokens" if name == "num_tokens" and num_tokens is not None else f"--dim {name}="
+            raise PlanError.at(None, "param", f"{flag}{'' if flag.endswith('=') else ' '}{v} is outside {d.lo}..{d.hi}")
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, d in plan.dims.items():
-        if name == "num_tokens" and num_tokens is not None:
-            if not d.lo <= num_tokens <= d.hi:
-                from planner.errors import PlanError
-                raise PlanError.at(None, "param", f"--num-tokens {num_tokens} is outside {d.lo}..{d.hi}")
-            out[name] = num_tokens
+        if name in fixed:
+            out[name] = fixed[name]
         else:
             hi = min(d.hi, max(d.lo, 64))
             out[name] = int(torch.randint(d.lo, hi + 1, (1,), generator=g))
@@ -162,11 +174,11 @@ def _compare(plan, outs, routs, precision) -> tuple[bool, list[dict]]:
 
 def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int = 0, device="cpu",
               group=None, backend_prefs=None, externs=None, compare: bool = True, config=None,
-              tuning: dict | None = None, every_variant: bool = True) -> dict:
+              tuning: dict | None = None, every_variant: bool = True, dims: dict | None = None) -> dict:
     """load() -> a fresh Plan (called twice: compile passes rewrite ops in place)."""
     plan = load()
     ref_plan = load()
-    b = pick_dims(plan, num_tokens, seed)
+    b = pick_dims(plan, num_tokens, seed, dims)
     inputs, weights = make_data(plan, b, seed, rank, device)
     ext = dict(externs or {})
     ext.update(default_externs(plan, ext))

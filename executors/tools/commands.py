@@ -25,20 +25,36 @@ def _compile_config(ns: dict):
     return config_from_args(argparse.Namespace(**ns))
 
 
-def _rank_body(rank, world, path, overrides, ns, device, check, num_tokens, seed):
+def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     from planner.lang.loader import load_plan
 
     from .check import run_check
     cfg = _compile_config(ns)
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     tuning = dict(cfg.tuned) if cfg is not None and cfg.tuned else None
-    report = run_check(lambda: load_plan(path, overrides), rank=rank, num_tokens=num_tokens, seed=seed, device=dev,
+    report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
                        compare=check, config=cfg, tuning=tuning)
     if ns.get("timeline"):
-        tl = _timeline(load_plan(path, overrides), cfg, dev, num_tokens, seed, tuning, ns, rank)
+        tl = _timeline(load_plan(path, overrides), cfg, dev, dims, seed, tuning, ns, rank)
         if tl is not None:
             report["timeline"] = tl
     return report
+
+
+def _dim_args(args) -> dict:
+    """--num-tokens T and --dim NAME=V (repeatable) as {dim: value}; a malformed one exits 2."""
+    out = {}
+    for item in getattr(args, "dim", None) or []:
+        name, sep, val = item.partition("=")
+        if not sep or not name.strip() or not val.strip().lstrip("-").isdigit():
+            raise PlanError.at(None, "param", f"--dim {item!r}: expected NAME=INTEGER, e.g. --dim num_seqs=4")
+        out[name.strip()] = int(val)
+    if args.num_tokens is not None:
+        if "num_tokens" in out and out["num_tokens"] != args.num_tokens:
+            raise PlanError.at(None, "param", f"--num-tokens {args.num_tokens} and --dim num_tokens="
+                               f"{out['num_tokens']} disagree")
+        out["num_tokens"] = args.num_tokens
+    return out
 
 
 def _replay_records(ex, inputs: dict, b: dict, replays: int = 3) -> list[dict]:
@@ -77,14 +93,14 @@ def _replay_records(ex, inputs: dict, b: dict, replays: int = 3) -> list[dict]:
     return records(trace)
 
 
-def _timeline(plan, cfg, dev, num_tokens, seed, tuning, ns, rank: int = 0) -> dict | None:
+def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0) -> dict | None:
     """One traced call after a warm-up (every rank runs it: collectives need all); rank 0 draws."""
     import json as _json
 
     from ..lowering import build_executor
     from .check import compile_for_run, make_data, pick_dims
     from .externs import default_externs
-    b = pick_dims(plan, num_tokens, seed)
+    b = pick_dims(plan, None, seed, dims)
     inputs, weights = make_data(plan, b, seed, rank, dev)
     cp = compile_for_run(plan, cfg)
     ex = build_executor(cp, weights, device=dev, externs=default_externs(plan), tuning=tuning, agree=False)
@@ -128,14 +144,15 @@ def cmd_run(args) -> int:
         if size not in (1, world):
             raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
                                f" (set the plan's size with --set, e.g. --set tp_size={world})")
-    bindings = pick_dims(plan, args.num_tokens, args.seed)  # range errors exit 2 here, not inside a rank
+    dims = _dim_args(args)
+    bindings = pick_dims(plan, None, args.seed, dims)  # range errors exit 2 here, not inside a rank
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
     # tuning-file errors (unknown key, a limit the plan does not declare) exit 2 here, naming the file
     cfg = config_from_args(argparse.Namespace(**ns), plan)
     cp = compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
     from ..resources import check_run
     check_run(cp, bindings, args.device, world, args.check)  # a 52 TB input exits 2 here, not in an allocator
-    body = (args.plan, overrides, ns, args.device, args.check, args.num_tokens, args.seed)
+    body = (args.plan, overrides, ns, args.device, args.check, dims, args.seed)
     try:
         if world == 1 and not sizes:
             reports = [_rank_body(0, 1, *body)]
