@@ -348,7 +348,9 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
             a = Acts(m, k)
             outs = {p: [torch.empty(m, n, device="cuda", dtype=BF16) for _ in range(NSETS)]
                     for p in ("fp8_blk", "fp8_tuned", "fp8_blk_nopdl", "fp8_row", "fp8_ten", "bf16_cute")}
-            tuned = best.get(name, {}).get(8 if m <= 8 else 16, {}).get("best")
+            # the sweep's best is the fp8_tuned (block-scale) column only when it swept block scales
+            tuned = (best.get(name, {}).get(8 if m <= 8 else 16, {}).get("best")
+                     if args.sweep_kinds == "block" else None)
             paths = make_paths(a, wt, m, outs, log, tuned)
             errs = check_paths(paths, a, log)
             if "torch_blk" in errs and not errs["torch_blk"] < 1e-2:
@@ -384,36 +386,43 @@ def bench_shape(name, n, k, ms, args, bw, log, rows, best):
 
 
 # --------------------------------------------------------------------------------------
-def candidates(mode: str, m: int, n: int, k: int):
-    return fp8.fp8_config_grid(m, n, k) if mode == "grid" else fp8.fp8_configs_for(m, n, k)
+SWEEP_KINDS = {"block": ("block", "block"), "tensor": ("tensor", "tensor")}
+
+
+def candidates(mode: str, m: int, n: int, k: int, kinds: str = "block"):
+    if mode == "grid":
+        return fp8.fp8_config_grid(m, n, k)
+    return fp8.fp8_configs_for(m, n, k, kinds=SWEEP_KINDS[kinds])
 
 
 def sweep_shape(name, n, k, args, log, best):
     """Times the sweep's candidates (candidates()) at M = 8 and 16 (one per m_tile: the kernel is the same
-    for every M of a bucket) and records the fastest correct one per bucket in best[name]."""
+    for every M of a bucket) with the scale kinds of --sweep-kinds and records the fastest correct one
+    per bucket in best[name]."""
     wt = Weights(n, k, bf16=False)
     for m in (8, 16):
         try:
             a = Acts(m, k)
+            sa, sbs = (a.sa_ten, wt.sb_ten) if args.sweep_kinds == "tensor" else (a.sa_blk, wt.sb_blk)
             out = [torch.empty(m, n, device="cuda", dtype=BF16) for _ in range(NSETS)]
             fns = {}
-            for cfg in candidates(args.sweep, m, n, k):
+            for cfg in candidates(args.sweep, m, n, k, args.sweep_kinds):
                 try:
                     a.refresh()
                     out[0].fill_(float("nan"))
-                    fp8.gemm_fp8(a.x, wt.w[0], a.sa_blk, wt.sb_blk[0], out[0], config=cfg)
+                    fp8.gemm_fp8(a.x, wt.w[0], sa, sbs[0], out[0], config=cfg)
                     torch.cuda.synchronize()
-                    err = rel_err(out[0], fp8.dequant_reference(a.x, wt.w[0], a.sa_blk, wt.sb_blk[0]))
+                    err = rel_err(out[0], fp8.dequant_reference(a.x, wt.w[0], sa, sbs[0]))
                     if not err < 1e-2:
                         log(f"    sweep {name} M={m} {cfg.key()}: WRONG rel err {err:.2e}")
                         continue
                 except Exception as e:
                     log(f"    sweep {name} M={m} {cfg.key()}: FAILED {type(e).__name__}: {str(e)[:200]}")
                     continue
-                fns[cfg.key()] = (lambda i, cfg=cfg, a=a, out=out: fp8.gemm_fp8(
-                    a.x, wt.w[i % NSETS], a.sa_blk, wt.sb_blk[i % NSETS], out[i % NSETS], config=cfg), cfg)
+                fns[cfg.key()] = (lambda i, cfg=cfg, a=a, out=out, sa=sa, sbs=sbs: fp8.gemm_fp8(
+                    a.x, wt.w[i % NSETS], sa, sbs[i % NSETS], out[i % NSETS], config=cfg), cfg)
             t = time_graphs({k_: v[0] for k_, v in fns.items()}, args.iters, args.trials)
-            default = fp8.default_fp8_config(m, n, k).key()
+            default = fp8.default_fp8_config(m, n, k, kinds=SWEEP_KINDS[args.sweep_kinds]).key()
             order = sorted(t, key=t.get)
             log(f"  sweep {name} M={m}: default {default} {fmt(t.get(default))} us; best "
                 + ", ".join(f"{k_} {t[k_]:.2f}" for k_ in order[:4]))
@@ -456,7 +465,8 @@ def gpu_test_kernels() -> set:
     return out
 
 
-def precompile(shapes, ms, sweep: str | None, bf16: bool, jobs: int, log, tests: bool = False):
+def precompile(shapes, ms, sweep: str | None, bf16: bool, jobs: int, log, tests: bool = False,
+               sweep_kinds: str = "block"):
     """Compile every kernel the run needs for sm_90a into the disk cache (no GPU needed), in
     `jobs` processes (cute.compile is not thread-safe; processes are fine)."""
     import multiprocessing as mp
@@ -467,14 +477,15 @@ def precompile(shapes, ms, sweep: str | None, bf16: bool, jobs: int, log, tests:
         for m in ms:
             c = fp8.default_fp8_config(m, n, k)
             for ka, kb_ in (("block", "block"), ("row", "col"), ("tensor", "tensor")):
-                want.add(("fp8", c.to_json(), n, k, ka, kb_, "bfloat16"))
+                ck = fp8.default_fp8_config(m, n, k, kinds=(ka, kb_))
+                want.add(("fp8", ck.to_json(), n, k, ka, kb_, "bfloat16"))
             want.add(("fp8", dataclasses.replace(c, pdl=False).to_json(), n, k, "block", "block", "bfloat16"))
             if bf16 and ec.supports(m, n, k, BF16, k, n) is None:
                 want.add(("bf16", ec.default_config(m, n, k).to_json(), n, k, "", "", ""))
         if sweep:
             for m in (8, 16):
-                for c in candidates(sweep, m, n, k):
-                    want.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
+                for c in candidates(sweep, m, n, k, sweep_kinds):
+                    want.add(("fp8", c.to_json(), n, k, *SWEEP_KINDS[sweep_kinds], "bfloat16"))
     if tests:
         want |= gpu_test_kernels()
     jobs_l = [(kd, json.loads(c), n, k, ka, kb_, o) for kd, c, n, k, ka, kb_, o in sorted(want)]
@@ -502,6 +513,9 @@ def main():
     ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid"),
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
                          " setting varied at a time), grid = fp8_config_grid (combinations)")
+    ap.add_argument("--sweep-kinds", choices=sorted(SWEEP_KINDS), default="block",
+                    help="scale kinds the sweep times with (tensor: per-tensor scales on both operands,"
+                         " for fp8_defaults.MEASURED_TENSOR)")
     ap.add_argument("--jobs", type=int, default=0, help="precompile in this many processes first")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 CuTe comparison")
     args = ap.parse_args()
@@ -514,7 +528,8 @@ def main():
               if not args.shapes or k_ in args.shapes.split(",") or k_.split("_", 1)[1] in args.shapes.split(",")}
     if args.precompile:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-        precompile(shapes, ms, args.sweep, not args.no_bf16, max(args.jobs, 1), print, tests=True)
+        precompile(shapes, ms, args.sweep, not args.no_bf16, max(args.jobs, 1), print, tests=True,
+                   sweep_kinds=args.sweep_kinds)
         return 0
     out = Path(args.out)
     log = Report(out)
@@ -527,7 +542,7 @@ def main():
     log(f"torch {torch.__version__} (CUDA {torch.version.cuda}), nvidia-cutlass-dsl {ec._cutlass_version()}, "
         f"{props.multi_processor_count} SMs")
     if args.jobs > 0:
-        precompile(shapes, ms, args.sweep, not args.no_bf16, args.jobs, log)
+        precompile(shapes, ms, args.sweep, not args.no_bf16, args.jobs, log, sweep_kinds=args.sweep_kinds)
     bw = read_bandwidth()
     log(f"read bandwidth (torch.sum over 2 GiB bf16): {bw / 1e12:.3f} TB/s")
     try:
@@ -545,7 +560,8 @@ def main():
                                                       "max fp8 err"]
     best = {}
     if args.sweep:
-        log("## config sweep (block scales; the best per M bucket is the fp8_tuned column below)")
+        log(f"## config sweep ({args.sweep_kinds} scales; the best per M bucket"
+            + (" is the fp8_tuned column below)" if args.sweep_kinds == "block" else "; the fp8_ten column runs the default)"))
         for name, (n, k) in shapes.items():
             sweep_shape(name, n, k, args, log, best)
             torch.cuda.empty_cache()
@@ -563,7 +579,8 @@ def main():
             break
     summarize(rows, log)
     best_json = {nm: {m: {**v, "best": v["best"].to_dict()} for m, v in d.items()} for nm, d in best.items()}
-    res = {"device": props.name, "bandwidth_Bps": bw, "args": vars(args), "rows": rows, "sweep": best_json}
+    res = {"device": props.name, "bandwidth_Bps": bw, "args": vars(args), "rows": rows, "sweep": best_json,
+           "sweep_kinds": args.sweep_kinds}
     out.with_suffix(".json").write_text(json.dumps(res, indent=1, default=str))
     log(f"\nnumbers: {out.with_suffix('.json')}")
     return 0

@@ -8,6 +8,10 @@ unless the sweep timed something faster than it by more than the margin (so a sw
 table's rows only changes the rows it clearly improves).
 
     python scripts/fp8_defaults_from_sweep.py results/data/fp8_gemm/<record>_fp8_gemm.json
+
+A record swept with per-tensor scales (`--sweep-kinds tensor`) fills MEASURED_TENSOR instead,
+against what per-tensor scales ran before (the MEASURED row, else the heuristic); the other table
+is carried over unchanged.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ from __future__ import annotations
 '''
 
 
-def rows_from(record: dict, margin: float, current: dict | None = None) -> tuple[dict, list[str]]:
+def rows_from(record: dict, margin: float, current: dict | None = None,
+              baseline=None) -> tuple[dict, list[str]]:
+    """baseline(m_tile, n, k) -> the config a row must beat (default: the shape heuristic)."""
+    baseline = baseline or (lambda mt, n, k: fp8.heuristic_fp8_config(mt, n, k))
     shapes = {r["shape"]: (r["N"], r["K"]) for r in record.get("rows", [])}
     table, notes = {}, []
     for name, buckets in sorted(record.get("sweep", {}).items()):
@@ -45,7 +52,7 @@ def rows_from(record: dict, margin: float, current: dict | None = None) -> tuple
         for bucket, v in sorted(buckets.items(), key=lambda kv: int(kv[0])):
             mt = int(bucket)
             cfg = fp8.Fp8Config.from_dict(v["best"])
-            heur = fp8.heuristic_fp8_config(mt, n, k).key()
+            heur = baseline(mt, n, k).key()
             heur_us = v["all_us"].get(heur)
             lo = 1 if mt == 8 else 9
             bad = [m for m in range(lo, mt + 1) if cfg.check(m, n, k) is not None]
@@ -70,15 +77,29 @@ def rows_from(record: dict, margin: float, current: dict | None = None) -> tuple
     return table, notes
 
 
-def render(table: dict, source: str) -> str:
-    lines = [HEADER, f"SOURCE = {source!r}", "SMS = 132", "# (N, K, m_tile) -> Fp8Config fields",
-             "MEASURED: dict[tuple[int, int, int], dict] = {"]
+def _rows(table: dict, against: str) -> list[str]:
+    lines = []
     for (n, k, mt), (d, name, us, heur, heur_us) in sorted(table.items()):
         hu = f"{heur_us:.2f} us" if heur_us is not None else "not timed"
-        lines.append(f"    # {name}: {us:.2f} us vs the heuristic {heur} {hu}" if us is not None else f"    # {name}")
+        lines.append(f"    # {name}: {us:.2f} us vs {against} {heur} {hu}" if us is not None else f"    # {name}")
         lines.append(f"    ({n}, {k}, {mt}): {json.dumps(d, sort_keys=True).replace('true', 'True').replace('false', 'False')},")
+    return lines
+
+
+def render(table: dict, source: str, tensor_table: dict | None = None) -> str:
+    lines = [HEADER, f"SOURCE = {source!r}", "SMS = 132", "# (N, K, m_tile) -> Fp8Config fields",
+             "MEASURED: dict[tuple[int, int, int], dict] = {"]
+    lines += _rows(table, "the heuristic")
+    lines += ["}", "# per-tensor scales on both operands: (N, K, m_tile) -> Fp8Config fields, where a sweep with them",
+              "# beat the row above (MEASURED) by more than 2 %",
+              "MEASURED_TENSOR: dict[tuple[int, int, int], dict] = {"]
+    lines += _rows(tensor_table or {}, "the block-scale default")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _carried(rows: dict) -> dict:
+    return {key: (d, "(not in this record)", None, None, None) for key, d in rows.items()}
 
 
 def main() -> int:
@@ -96,17 +117,23 @@ def main() -> int:
     if not record.get("sweep"):
         print(f"{a.record} has no sweep (run bench_fp8_gemm.py --sweep grid)", file=sys.stderr)
         return 2
-    table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED)
+    if record.get("sweep_kinds", "block") == "tensor":
+        tensor_table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED_TENSOR,
+                                        baseline=lambda mt, n, k: fp8.default_fp8_config(mt, n, k))
+        table = _carried(fp8_defaults.MEASURED)
+    else:
+        table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED)
+        tensor_table = _carried(fp8_defaults.MEASURED_TENSOR)
     src = Path(a.record)
     src = str(src.resolve().relative_to(ROOT)) if src.resolve().is_relative_to(ROOT) else src.name
     if not a.fresh and fp8_defaults.SOURCE.startswith(src):
         src = fp8_defaults.SOURCE  # the same record again: its source line stays as it was
     elif not a.fresh and fp8_defaults.SOURCE:
         src = f"{src} (rows it did not improve: {fp8_defaults.SOURCE})"
-    Path(a.out).write_text(render(table, src))
+    Path(a.out).write_text(render(table, src, tensor_table))
     for n in notes:
         print(n)
-    print(f"{len(table)} measured rows written to {a.out}")
+    print(f"{len(table)} block-scale and {len(tensor_table)} per-tensor rows written to {a.out}")
     return 0
 
 

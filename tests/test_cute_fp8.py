@@ -623,3 +623,51 @@ def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
     bad = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"),
                           str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=root)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def test_per_tensor_scales_take_their_own_measured_row(monkeypatch):
+    """kinds ("tensor", "tensor") look in MEASURED_TENSOR first (a config measured with per-tensor
+    scales), then the block-scale row, then the heuristic; other kinds never see that table."""
+    from executors.cute import fp8_config
+
+    n, k = 4608, 7168
+    own = Fp8Config(m_tile=16, tiles=2, warps_k=7, unroll=1, hw=2)
+    monkeypatch.setattr(fp8_config, "MEASURED_TENSOR", {(n, k, 16): own.to_dict()})
+    assert fp8.default_fp8_config(12, n, k, kinds=("tensor", "tensor")) == own
+    block = fp8.default_fp8_config(12, n, k)
+    assert block != own
+    assert fp8.default_fp8_config(12, n, k, kinds=("row", "col")) == block
+    assert fp8.default_fp8_config(12, n, k, kinds=("block", "tensor")) == block
+    assert fp8.default_fp8_config(5, n, k, kinds=("tensor", "tensor")) == fp8.default_fp8_config(5, n, k)
+
+
+def test_defaults_from_a_per_tensor_sweep_fill_their_table(tmp_path):
+    """A `--sweep-kinds tensor` record writes MEASURED_TENSOR rows where they beat what per-tensor
+    scales ran before (the block-scale default), and leaves MEASURED as it was."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from executors.cute import fp8_defaults
+
+    n, k = 4608, 7168
+    before16 = fp8.default_fp8_config(16, n, k)
+    before8 = fp8.default_fp8_config(8, n, k)
+    win = Fp8Config(m_tile=16, tiles=2, warps_k=7, unroll=1, hw=2)
+    rec = {"rows": [{"shape": "gate_up", "N": n, "K": k}], "sweep_kinds": "tensor",
+           "sweep": {"gate_up": {"16": {"best": win.to_dict(), "best_us": 12.0,
+                                        "all_us": {win.key(): 12.0, before16.key(): 17.0}},
+                                 "8": {"best": before8.to_dict(), "best_us": 11.0,
+                                       "all_us": {before8.key(): 11.0}}}}}
+    src = tmp_path / "rec.json"
+    src.write_text(json.dumps(rec))
+    out = tmp_path / "table.py"
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"), str(src),
+                        "--out", str(out)], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    ns: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), ns)
+    assert ns["MEASURED_TENSOR"] == {**fp8_defaults.MEASURED_TENSOR, (n, k, 16): win.to_dict()}
+    assert ns["MEASURED"] == fp8_defaults.MEASURED

@@ -165,7 +165,7 @@ def supports_fp8(m_max: int, n: int, k: int, scale_a_kind: str, scale_b_kind: st
         return f"K={k} must be a positive multiple of {BLOCK}"
     for m in sorted({min(int(m_max), 8), int(m_max)}):
         try:
-            cfg = default_fp8_config(m, n, k)
+            cfg = default_fp8_config(m, n, k, kinds=(scale_a_kind, scale_b_kind))
         except ValueError as e:
             return str(e)
         why = cfg.check(m, n, k)
@@ -319,7 +319,7 @@ def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config
         raise ValueError("w must be contiguous")
     if x.data_ptr() % 16 or w.data_ptr() % 16:
         raise ValueError("x and w must be 16-byte aligned")
-    cfg = config if config is not None else default_fp8_config(m, n, k)
+    cfg = config if config is not None else default_fp8_config(m, n, k, kinds=(ka, kbk))
     why = cfg.check(m, n, k)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run M={m} N={n} K={k}: {why}")

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from .fp8_defaults import MEASURED
+from .fp8_defaults import MEASURED, MEASURED_TENSOR
 from .fp8_defaults import SMS as MEASURED_SMS
 
 BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
@@ -142,17 +142,29 @@ def _wk_choices(kb: int, unroll: int, limit: int) -> list[int]:
     return [w for w in range(1, min(limit, 32) + 1) if kb % (w * unroll) == 0]
 
 
-def default_fp8_config(m: int, n: int, k: int, sms: int = SMS, table: dict | None = None) -> Fp8Config:
+def default_fp8_config(m: int, n: int, k: int, sms: int = SMS, table: dict | None = None,
+                       kinds: tuple[str, str] | None = None) -> Fp8Config:
     """The measured best for this shape and M bucket where fp8_defaults lists one (`table`
-    overrides that table; {} means none), else heuristic_fp8_config."""
+    overrides that table; {} means none), else heuristic_fp8_config. With per-tensor scales on
+    both operands (kinds ("tensor", "tensor")) a row measured with them (MEASURED_TENSOR) comes
+    first: the same config can need a few registers more there than with block scales, enough
+    for a second wave of blocks at some shapes."""
     mt = 8 if m <= 8 else 16
-    rows = MEASURED if table is None else table
-    hit = rows.get((n, k, mt)) if sms == MEASURED_SMS or table is not None else None
+    if table is None and kinds == ("tensor", "tensor"):
+        cfg = _table_hit(MEASURED_TENSOR, m, n, k, mt, sms == MEASURED_SMS)
+        if cfg is not None:
+            return cfg
+    cfg = _table_hit(MEASURED if table is None else table, m, n, k, mt, sms == MEASURED_SMS or table is not None)
+    return cfg if cfg is not None else heuristic_fp8_config(m, n, k, sms)
+
+
+def _table_hit(rows: dict, m: int, n: int, k: int, mt: int, same_device: bool) -> Fp8Config | None:
+    hit = rows.get((n, k, mt)) if same_device else None
     if hit is not None:
         cfg = Fp8Config.from_dict(hit)
         if cfg.m_tile == mt and cfg.check(m, n, k) is None:
             return cfg
-    return heuristic_fp8_config(m, n, k, sms)
+    return None
 
 
 def heuristic_fp8_config(m: int, n: int, k: int, sms: int = SMS) -> Fp8Config:
@@ -178,10 +190,11 @@ def heuristic_fp8_config(m: int, n: int, k: int, sms: int = SMS) -> Fp8Config:
     return Fp8Config(m_tile=mt, tiles=tiles, warps_k=wk, unroll=1, hw=4)
 
 
-def fp8_configs_for(m: int, n: int, k: int, limit: int = 12, sms: int = SMS) -> list[Fp8Config]:
-    """The default and its neighbours (for a sweep): conversion split, launch bound, K split,
-    unroll, tiles per warp, K order, warps along N."""
-    base = default_fp8_config(m, n, k)
+def fp8_configs_for(m: int, n: int, k: int, limit: int = 12, sms: int = SMS,
+                    kinds: tuple[str, str] | None = None) -> list[Fp8Config]:
+    """The default (for these scale kinds) and its neighbours (for a sweep): conversion split,
+    launch bound, K split, unroll, tiles per warp, K order, warps along N."""
+    base = default_fp8_config(m, n, k, kinds=kinds)
     kb = k // BLOCK
     rep = dataclasses.replace
     cands = [base] + [rep(base, hw=h) for h in (4, 2, 0) if h != base.hw]

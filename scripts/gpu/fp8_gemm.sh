@@ -6,6 +6,7 @@
 #                                                = the sweep's best per M bucket)
 #   SWEEP=grid bash scripts/gpu/fp8_gemm.sh      the sweep over fp8_config_grid's combinations
 #   MODE=table bash scripts/gpu/fp8_gemm.sh      the table with the default configs only
+#   SWEEP_KINDS=tensor bash scripts/gpu/fp8_gemm.sh   the sweep with per-tensor scales (MEASURED_TENSOR)
 # Precompile here first (CPU, same tree as carried):
 #   CUTE_DSL_ARCH=sm_90a PLANNER_CACHE_DIR=.planner_cache python scripts/bench_fp8_gemm.py --precompile --sweep ${SWEEP:-near} --jobs 2
 # Without a carried cache the script compiles in JOBS (12) processes on the GPU machine first.
@@ -14,7 +15,7 @@
 smi fp8_gemm
 md=$(record fp8_gemm fp8_gemm.md)
 log=$(record fp8_gemm fp8_gemm.log)
-sweep="--sweep ${SWEEP:-near}"
+sweep="--sweep ${SWEEP:-near} --sweep-kinds ${SWEEP_KINDS:-block}"
 [ "${MODE:-sweep}" = table ] && sweep=
 timeout "${BENCH_T:-560}" python3 scripts/bench_fp8_gemm.py $sweep --jobs "${JOBS:-12}" ${MS:+--ms "$MS"} \
   --out "$md" > "$log" 2>&1; echo "rc=$?" >> "$log"
