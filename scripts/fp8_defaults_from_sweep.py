@@ -39,8 +39,9 @@ from __future__ import annotations
 
 
 def rows_from(record: dict, margin: float, current: dict | None = None,
-              baseline=None) -> tuple[dict, list[str]]:
-    """baseline(m_tile, n, k) -> the config a row must beat (default: the shape heuristic)."""
+              baseline=None, against: str = "the heuristic") -> tuple[dict, list[str]]:
+    """baseline(m_tile, n, k) -> the config a row must beat (default: the shape heuristic),
+    named `against` in the notes."""
     baseline = baseline or (lambda mt, n, k: fp8.heuristic_fp8_config(mt, n, k))
     shapes = {r["shape"]: (r["N"], r["K"]) for r in record.get("rows", [])}
     table, notes = {}, []
@@ -71,7 +72,7 @@ def rows_from(record: dict, margin: float, current: dict | None = None,
                 table[(n, k, mt)] = (cfg.to_dict(), name, v["best_us"], heur, heur_us)
             else:
                 notes.append(f"{name} M<={mt}: best {cfg.key()} {v['best_us']:.2f} us within {margin:.0%}"
-                             f" of the heuristic {heur} {heur_us:.2f} us: heuristic kept")
+                             f" of {against} {heur} {heur_us:.2f} us: {against} kept")
     for key, d in (current or {}).items():  # rows of shapes this record did not sweep
         table.setdefault(key, (d, "(not in this record)", None, None, None))
     return table, notes
@@ -86,20 +87,34 @@ def _rows(table: dict, against: str) -> list[str]:
     return lines
 
 
-def render(table: dict, source: str, tensor_table: dict | None = None) -> str:
+TENSOR_MARK = "# per-tensor scales on both operands"
+
+
+def render_block(table: dict, source: str) -> str:
     lines = [HEADER, f"SOURCE = {source!r}", "SMS = 132", "# (N, K, m_tile) -> Fp8Config fields",
              "MEASURED: dict[tuple[int, int, int], dict] = {"]
-    lines += _rows(table, "the heuristic")
-    lines += ["}", "# per-tensor scales on both operands: (N, K, m_tile) -> Fp8Config fields, where a sweep with them",
-              "# beat the row above (MEASURED) by more than 2 %",
-              "MEASURED_TENSOR: dict[tuple[int, int, int], dict] = {"]
-    lines += _rows(tensor_table or {}, "the block-scale default")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _rows(table, "the heuristic") + ["}"]) + "\n"
 
 
-def _carried(rows: dict) -> dict:
-    return {key: (d, "(not in this record)", None, None, None) for key, d in rows.items()}
+def render_tensor(table: dict, source: str) -> str:
+    lines = [f"{TENSOR_MARK}: (N, K, m_tile) -> Fp8Config fields, where a sweep with them beat",
+             "# the row above (MEASURED) by more than 2 %", f"SOURCE_TENSOR = {source!r}",
+             "MEASURED_TENSOR: dict[tuple[int, int, int], dict] = {"]
+    return "\n".join(lines + _rows(table, "the block-scale default") + ["}"]) + "\n"
+
+
+def split_current(text: str) -> tuple[str, str]:
+    """(the block-scale part, the per-tensor part) of the current table's text."""
+    i = text.find(TENSOR_MARK)
+    return (text, "") if i < 0 else (text[:i], text[i:])
+
+
+def _source(src: str, old: str, fresh: bool) -> str:
+    if fresh or not old:
+        return src
+    if old.startswith(src):
+        return old  # the same record again: its source line stays as it was
+    return f"{src} (rows it did not improve: {old})"
 
 
 def main() -> int:
@@ -117,23 +132,23 @@ def main() -> int:
     if not record.get("sweep"):
         print(f"{a.record} has no sweep (run bench_fp8_gemm.py --sweep grid)", file=sys.stderr)
         return 2
-    if record.get("sweep_kinds", "block") == "tensor":
-        tensor_table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED_TENSOR,
-                                        baseline=lambda mt, n, k: fp8.default_fp8_config(mt, n, k))
-        table = _carried(fp8_defaults.MEASURED)
-    else:
-        table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED)
-        tensor_table = _carried(fp8_defaults.MEASURED_TENSOR)
     src = Path(a.record)
     src = str(src.resolve().relative_to(ROOT)) if src.resolve().is_relative_to(ROOT) else src.name
-    if not a.fresh and fp8_defaults.SOURCE.startswith(src):
-        src = fp8_defaults.SOURCE  # the same record again: its source line stays as it was
-    elif not a.fresh and fp8_defaults.SOURCE:
-        src = f"{src} (rows it did not improve: {fp8_defaults.SOURCE})"
-    Path(a.out).write_text(render(table, src, tensor_table))
+    block_text, tensor_text = split_current(TARGET.read_text())
+    if record.get("sweep_kinds", "block") == "tensor":
+        table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED_TENSOR,
+                                 baseline=lambda mt, n, k: fp8.default_fp8_config(mt, n, k),
+                                 against="the block-scale default")
+        tensor_text = render_tensor(table, _source(src, fp8_defaults.SOURCE_TENSOR, a.fresh))
+        what = "per-tensor"
+    else:
+        table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED)
+        block_text = render_block(table, _source(src, fp8_defaults.SOURCE, a.fresh))
+        what = "block-scale"
+    Path(a.out).write_text(block_text.rstrip("\n") + "\n" + (tensor_text and "\n" + tensor_text))
     for n in notes:
         print(n)
-    print(f"{len(table)} block-scale and {len(tensor_table)} per-tensor rows written to {a.out}")
+    print(f"{len(table)} measured {what} rows written to {a.out}")
     return 0
 
 

@@ -58,7 +58,27 @@ MEASURED: dict[tuple[int, int, int], dict] = {
     # dsv3_mlp_down: 6.22 us vs the heuristic fp8_m16_t2_wk3_u1_ki1_hw4_pdl1 not timed
     (7168, 2304, 16): {"depth": 1, "hw": 2, "ki": 0, "m_tile": 16, "minb": 2, "pdl": True, "tiles": 4, "unroll": 1, "warps_k": 6, "warps_n": 1},
 }
-# per-tensor scales on both operands: (N, K, m_tile) -> Fp8Config fields, where a sweep with them
-# beat the row above (MEASURED) by more than 2 %
+
+# per-tensor scales on both operands: (N, K, m_tile) -> Fp8Config fields, where a sweep with them beat
+# the row above (MEASURED) by more than 2 %
+SOURCE_TENSOR = 'results/data/fp8_gemm/2026-12-01T1630_h200-156048c6_fp8_gemm.json'
 MEASURED_TENSOR: dict[tuple[int, int, int], dict] = {
+    # kda_fa_beta: 3.09 us vs the block-scale default fp8_m16_t1_wk28_u2_ki1_hw4_pdl1 3.16 us
+    (144, 7168, 16): {"depth": 1, "hw": 4, "ki": 0, "m_tile": 16, "minb": 0, "pdl": True, "tiles": 1, "unroll": 2, "warps_k": 28, "warps_n": 1},
+    # kda_fb: 1.57 us vs the block-scale default fp8_m16_t1_wk1_u1_ki1_hw2_pdl1 1.65 us
+    (1536, 128, 16): {"depth": 1, "hw": 2, "ki": 1, "m_tile": 16, "minb": 2, "pdl": True, "tiles": 1, "unroll": 1, "warps_k": 1, "warps_n": 1},
+    # dsv3_q_b: 2.54 us vs the block-scale default fp8_m8_t2_wk6_u1_ki0_hw4_mb2_pdl1 2.68 us
+    (3072, 1536, 8): {"depth": 1, "hw": 4, "ki": 0, "m_tile": 8, "minb": 2, "pdl": True, "tiles": 2, "unroll": 1, "warps_k": 6, "warps_n": 2},
+    # dsv3_kv_b: 2.09 us vs the block-scale default fp8_m16_t1_wk4_u1_ki1_hw4_pdl1 2.16 us
+    (4096, 512, 16): {"depth": 1, "hw": 4, "ki": 1, "m_tile": 16, "minb": 4, "pdl": True, "tiles": 1, "unroll": 1, "warps_k": 4, "warps_n": 1},
+    # dsv3_mlp_gate_up: 11.99 us vs the block-scale default fp8_m16_t1_wk7_u1_ki1_hw4_pdl1 17.26 us
+    (4608, 7168, 16): {"depth": 2, "hw": 4, "ki": 1, "m_tile": 16, "minb": 0, "pdl": True, "tiles": 1, "unroll": 1, "warps_k": 7, "warps_n": 1},
+    # kda_qkvg: 12.50 us vs the block-scale default fp8_m8_t2_wk4_u2_ki1_hw4_mb3_pdl1 12.98 us
+    (6144, 7168, 8): {"depth": 2, "hw": 4, "ki": 1, "m_tile": 8, "minb": 3, "pdl": True, "tiles": 2, "unroll": 2, "warps_k": 4, "warps_n": 1},
+    # kda_qkvg: 13.51 us vs the block-scale default fp8_m16_t2_wk8_u1_ki0_hw4_pdl1 16.32 us
+    (6144, 7168, 16): {"depth": 1, "hw": 2, "ki": 0, "m_tile": 16, "minb": 0, "pdl": True, "tiles": 2, "unroll": 1, "warps_k": 8, "warps_n": 1},
+    # dsv3_mlp_down: 5.32 us vs the block-scale default fp8_m8_t4_wk6_u1_ki1_hw4_mb2_d2_pdl1 5.46 us
+    (7168, 2304, 8): {"depth": 2, "hw": 4, "ki": 0, "m_tile": 8, "minb": 2, "pdl": True, "tiles": 4, "unroll": 1, "warps_k": 6, "warps_n": 1},
+    # dsv3_mlp_down: 5.92 us vs the block-scale default fp8_m16_t4_wk6_u1_ki0_hw2_mb2_pdl1 6.04 us
+    (7168, 2304, 16): {"depth": 1, "hw": 4, "ki": 0, "m_tile": 16, "minb": 2, "pdl": True, "tiles": 4, "unroll": 1, "warps_k": 6, "warps_n": 1},
 }
