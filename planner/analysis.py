@@ -8,10 +8,10 @@ from .cost import CostModel
 from .graph import Compiled, compatible
 from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
-from .sharing import simulate_shared
+from .sharing import shared_simulator
 
-__all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "simulate", "variant_choice",
-           "issue_order", "graph_shape"]
+__all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "simulate", "simulator",
+           "variant_choice", "issue_order", "graph_shape"]
 
 
 class _AnyTensor:
@@ -148,10 +148,31 @@ def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: fl
     if choice is not None:
         ctx_choice = tuple(sorted(choice.items()))
         order = [v for v in order if compatible(ctx_choice, g.nodes[v]["ctx"])]
+    return simulator(cp, order, event_us, assign, shape, bytes_per_us)(costs, demand)
+
+
+def simulator(cp: Compiled, order: list, event_us: float = 1.0, assign: dict | None = None,
+              shape: tuple | None = None, bytes_per_us: float = 0.0):
+    """simulate() of one schedule at many costs (the buckets of a scope): run(costs, demand=None)
+    gives simulate(cp, costs, event_us=event_us, order=order, assign=assign, shape=shape,
+    demand=demand, bytes_per_us=bytes_per_us), the schedule's bookkeeping done once.
+    `assign` must not change while run is used."""
+    g = cp.graph
     preds, views = shape or graph_shape(cp, order)
     streams = assign if assign is not None else {v: g.nodes[v]["stream"] for v in order}
-    if demand and bytes_per_us > 0 and len({streams[v] for v in order if v not in views}) > 1:
-        return simulate_shared(order, preds, views, streams, costs, demand, bytes_per_us, event_us)
+    multi = len({streams[v] for v in order if v not in views}) > 1
+    shared = []  # the bandwidth-sharing simulator, made on first use
+
+    def run(costs: dict, demand: dict | None = None) -> tuple[float, dict]:
+        if demand and bytes_per_us > 0 and multi:
+            if not shared:
+                shared.append(shared_simulator(order, preds, views, streams, bytes_per_us, event_us))
+            return shared[0](costs, demand)
+        return _simulate_free(order, preds, views, streams, costs, event_us)
+    return run
+
+
+def _simulate_free(order, preds, views, streams, costs, event_us) -> tuple[float, dict]:
     free: dict[str, float] = {}
     finish: dict[str, float] = {}
     real: dict[str, str | None] = {}  # the stream whose work a value waits for (views do no work)

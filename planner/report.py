@@ -14,9 +14,9 @@ import os
 import re
 import sys
 
-from .analysis import allowed_buckets, op_costs, op_demand, simulate, variant_choice
+from .analysis import allowed_buckets, simulator, variant_choice
 from .cost import CostModel
-from .graph import Compiled
+from .graph import Compiled, compatible
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
 from .shapes import fmt_dim, fmt_shape
 
@@ -43,6 +43,20 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
     model = CostModel(cfg.profile, cp.plan.groups)
     tuned = {**cp.plan.tuned, **cfg.tuned}
     names = sorted({v.name for vs in cp.variants.values() for v in vs}) or [None]
+    g = cp.graph
+    memo: dict[tuple, float] = {}  # (op, bucket) -> us or bytes: the variants share their buckets
+
+    def per_op(measure, order, b):
+        bk = (measure, tuple(b.items()))
+        out = {}
+        for v in order:
+            k = (v, bk)
+            x = memo.get(k)
+            if x is None:
+                x = memo[k] = measure(g.nodes[v]["op"], cp.tensors, b)
+            out[v] = x
+        return out
+
     out = []
     for name in names:
         choice = variant_choice(cp, name) if name else {}
@@ -52,11 +66,16 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
         for b in (allowed[0], allowed[len(allowed) // 2], allowed[-1]):
             if b not in picks:
                 picks.append(b)
+        order = cp.schedule
+        if name:
+            ctx_of = {v: g.nodes[v]["ctx"] for v in order}
+            fits = {c: compatible(ctx, c) for c in set(ctx_of.values())}  # repeated layers share a few
+            order = [v for v in order if fits[ctx_of[v]]]
+        sim = simulator(cp, order, cfg.profile.event_us, bytes_per_us=cfg.profile.hbm_gbps * 1e3)
         for b in picks:
-            costs = op_costs(cp, model, b)
-            demand = op_demand(cp, model, b) if cfg.share_bandwidth else None
-            span, finish = simulate(cp, costs, choice if name else None, cfg.profile.event_us,
-                                    demand=demand, bytes_per_us=cfg.profile.hbm_gbps * 1e3)
+            costs = per_op(model.op_us, order, b)
+            demand = per_op(model.op_bytes, order, b) if cfg.share_bandwidth else None
+            span, finish = sim(costs, demand)
             serial = sum(costs[v] for v in finish)
             out.append({"variant": name or "(plan)", "bindings": b, "scheduled_us": round(span, 2),
                         "serial_us": round(serial, 2)})

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..analysis import allowed_buckets, graph_shape, issue_order, simulate, variant_choice
+from ..analysis import allowed_buckets, graph_shape, issue_order, simulator, variant_choice
 from ..cost import CostModel
 from ..graph import Compiled, compatible
 from ..ops import COLLECTIVES, VIEW_OPS
@@ -85,8 +85,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         buckets = allowed_buckets(cp, ctx, tuned)
         if len(nodes) > LARGE_SCOPE:
             buckets = buckets[-1:]  # compile time: the largest size only
-        costs = [{v: cost(g.nodes[v]["op"], b) for v in nodes} for b in buckets]
-        demand = [{v: moved(g.nodes[v]["op"], b) for v in nodes} for b in buckets] if moved else None
+        costs = [cost(nodes, b) for b in buckets]
+        demand = [moved(nodes, b) for b in buckets] if moved else None
         sig = _signature(g, nodes, buckets, costs, demand, pinned)
         if sig in planned:  # a repeated layer: the same decision, position by position
             first, a0, info0 = planned[sig]
@@ -129,12 +129,23 @@ def _signature(g, nodes, buckets, costs, demand, pinned) -> tuple:
 
 
 def _per_op(cp, measure):
-    """measure(op, tensors, binding) at a binding: model.op_us (time) or model.op_bytes (the HBM
-    traffic ops running at once share); views cost nothing, so the model is skipped for them."""
+    """at(nodes, binding) -> {op: measure(op, tensors, binding)}: model.op_us (time) or model.op_bytes
+    (the HBM traffic ops running at once share); views cost nothing, so the model is skipped for
+    them. Each op is measured once per binding: scopes and the variant check ask again."""
     t = cp.tensors
+    ops = {v: d["op"] for v, d in cp.graph.nodes(data=True)}
+    memo: dict[tuple, dict] = {}  # binding -> op -> value
 
-    def at(op, b):
-        return 0.0 if op.op in VIEW_OPS else measure(op, t, b)
+    def at(nodes, b):
+        known = memo.setdefault(tuple(b.items()), {})
+        out = {}
+        for v in nodes:
+            x = known.get(v)
+            if x is None:
+                op = ops[v]
+                x = known[v] = 0.0 if op.op in VIEW_OPS else measure(op, t, b)
+            out[v] = x
+        return out
     return at
 
 
@@ -148,13 +159,24 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
     serial = [sum(c.values()) for c in costs]  # everything on the caller's stream, one after another
 
     shape = graph_shape(cp, nodes)
+    # buckets whose costs and bytes equal an earlier one's (small sizes often do) rate alike
+    same = list(range(len(buckets)))
+    for i in range(1, len(buckets)):
+        for j in range(i):
+            if same[j] == j and costs[j] == costs[i] and (not demand or demand[j] == demand[i]):
+                same[i] = j
+                break
 
     def rate(a, which=None):
         idx = range(len(buckets)) if which is None else which
         if not _moved(a):  # all on main: the simulation is the sum
             return [serial[i] for i in idx]
-        return [simulate(cp, costs[i], event_us=ev, order=nodes, assign=a, shape=shape,
-                         demand=demand[i] if demand else None, bytes_per_us=bw)[0] for i in idx]
+        sim = simulator(cp, nodes, ev, a, shape, bw)
+        spans: dict[int, float] = {}
+        for i in idx:
+            if same[i] not in spans:
+                spans[same[i]] = sim(costs[same[i]], demand[same[i]] if demand else None)[0]
+        return [spans[same[i]] for i in idx]
 
     cands = {_key(serial_a): serial_a}
     if len(streams) > 1 and movable:
@@ -309,7 +331,6 @@ def _list_schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[st
 def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinned, moved=None, bw=0.0):
     """Simulate each plan variant as a whole; a scope whose overlap loses against serial at
     some bucket goes back to serial (scopes interact on shared streams)."""
-    g = cp.graph
     names = sorted({v.name for vs in cp.variants.values() for v in vs}) or [None]
     for name in names:
         choice = variant_choice(cp, name) if name else {}
@@ -326,11 +347,11 @@ def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinne
                 break
             bad = None
             bks = allowed_buckets(cp, cc, tuned) if name else allowed_buckets(cp, (), tuned)
+            sim = simulator(cp, order, ev, assign, shape, bw)
             for b in bks if len(order) <= LARGE_SCOPE else bks[-1:]:
-                costs = {v: cost(g.nodes[v]["op"], b) for v in order}
-                demand = {v: moved(g.nodes[v]["op"], b) for v in order} if moved else None
-                span = simulate(cp, costs, event_us=ev, order=order, assign=assign, shape=shape,
-                                demand=demand, bytes_per_us=bw)[0]
+                costs = cost(order, b)
+                demand = moved(order, b) if moved else None
+                span = sim(costs, demand)[0]
                 if span > sum(costs.values()) + 1e-9:
                     bad = (b, span, sum(costs.values()))
                     break

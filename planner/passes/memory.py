@@ -27,7 +27,9 @@ def _root(cp: Compiled, name: str) -> str:
 def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
     g = cp.graph
     ctx_choice = tuple(sorted((choice or {}).items()))
-    order = [v for v in cp.schedule if choice is None or compatible(ctx_choice, g.nodes[v]["ctx"])]
+    ctx_of = {v: g.nodes[v]["ctx"] for v in cp.schedule}
+    fits = {c: choice is None or compatible(ctx_choice, c) for c in set(ctx_of.values())}  # repeated layers share a few
+    order = [v for v in cp.schedule if fits[ctx_of[v]]]
     idx = {v: i for i, v in enumerate(order)}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
