@@ -292,24 +292,36 @@ def _capture_legal(cp: Compiled) -> None:
     def mentions(d) -> bool:
         return not isinstance(d, int) and bucketed in free_names(_e(d))
 
+    gated: dict[tuple, int] = {}  # (region, variant) of every capture-gated variant -> its rank
     for rid, vs in cp.variants.items():
         for var in vs:
-            if not _requires_capturing(var.when):
-                continue
-            for n in cp.schedule or list(g.nodes):
-                if (rid, var.name) not in g.nodes[n]["ctx"]:
-                    continue
-                op = g.nodes[n]["op"]
-                why = None
-                if op.op == "gemm" and mentions(cp.tensors[op.b].shape[1]):
-                    why = f"gemm {n} sums over {bucketed} (K = {cp.tensors[op.b].shape[1]})"
-                elif op.op in ("shard", "reduce_scatter"):
-                    t = cp.tensors[op.x]
-                    if mentions(t.shape[op.dim % t.rank]):
-                        why = f"{op.op} {n} cuts {bucketed} into per-rank chunks"
-                if why:
-                    _fail(cp, n, f"capture: variant '{var.name}' of region '{rid}' runs only under graph capture,"
-                                 f" where it is replayed on rows padded up to the bucket, but {why}: its result"
-                                 " depends on the padded rows (a data-dependent shape)",
-                          "move the op out of the capture-gated variant, or gate the variant off capture",
-                          code="variant")
+            if _requires_capturing(var.when):
+                gated.setdefault((rid, var.name), len(gated))
+    if not gated:
+        return
+    # one walk over the ops; the failure reported is the first by variant, then by schedule
+    worst = None
+    for i, n in enumerate(cp.schedule or list(g.nodes)):
+        d = g.nodes[n]
+        hits = [c for c in d["ctx"] if c in gated]
+        if not hits:
+            continue
+        op = d["op"]
+        why = None
+        if op.op == "gemm" and mentions(cp.tensors[op.b].shape[1]):
+            why = f"gemm {n} sums over {bucketed} (K = {cp.tensors[op.b].shape[1]})"
+        elif op.op in ("shard", "reduce_scatter"):
+            t = cp.tensors[op.x]
+            if mentions(t.shape[op.dim % t.rank]):
+                why = f"{op.op} {n} cuts {bucketed} into per-rank chunks"
+        if why:
+            c = min(hits, key=gated.__getitem__)
+            if worst is None or (gated[c], i) < worst[0]:
+                worst = ((gated[c], i), n, c, why)
+    if worst is not None:
+        _, n, (rid, vname), why = worst
+        _fail(cp, n, f"capture: variant '{vname}' of region '{rid}' runs only under graph capture,"
+                     f" where it is replayed on rows padded up to the bucket, but {why}: its result"
+                     " depends on the padded rows (a data-dependent shape)",
+              "move the op out of the capture-gated variant, or gate the variant off capture",
+              code="variant")
