@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from .errors import PlanError
+from .errors import PlanError, no_gc
 from .passes import PASS_NAMES
 from .viz.render import FORMATS
 
@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.handler.startswith("planner."):  # plan-time commands: short, and they build large object graphs
+            with no_gc():
+                return int(_handler(args.handler)(args) or 0)
         return int(_handler(args.handler)(args) or 0)
     except PlanError as err:
         print_plan_error(err, getattr(args, "emit", "text"))

@@ -26,7 +26,8 @@ def lift(d):
 
 
 class OpBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    # a kind's validator is built when it is first used: a plan names a few of the kinds
+    model_config = ConfigDict(extra="forbid", frozen=False, defer_build=True)
 
     id: str = Field("", description="Unique op id; defaults to the first output's name.")
     out: list[str] = Field(default_factory=list, description="Output tensor names ('_' discards).")

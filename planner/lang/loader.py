@@ -10,13 +10,13 @@ import re
 from collections import ChainMap
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from ..errors import Diagnostic, Loc, PlanError, did_you_mean
 from ..expr import ExprError, budget, evaluate, fold, free_names, parse, unparse
 from ..infer import check_inplace, infer_all
 from ..ir import DimSpec, Plan, Region, Variant
-from ..ops import COLLECTIVES, Op
+from ..ops import COLLECTIVES, OP_MODELS
 from ..predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
 from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, unknown_dtype
 from .document import load_tree
@@ -25,7 +25,6 @@ from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
 
-_OP_ADAPTER = TypeAdapter(Op)
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
 _POOL = re.compile(r"^(main|aux\d*)$")  # the planner's pool names, usable without a 'streams:' list
 _FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
@@ -390,10 +389,10 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     seen_ids = {}
     for raw in ex.ops:
         try:
-            model = _OP_ADAPTER.validate_python(raw.d)
+            model = OP_MODELS[raw.d["op"]].model_validate(raw.d)  # the expander checked the kind
         except ValidationError as exc:
             e = exc.errors()[0]
-            field = str(e["loc"][1]) if len(e["loc"]) > 1 else "op"
+            field = str(e["loc"][0]) if e["loc"] else "op"
             word = {"missing": "is required", "extra_forbidden": "is not a field of this op"}.get(e["type"], e["msg"])
             raise PlanError.at(raw.field_locs.get(field, raw.loc), "schema", f"{raw.d.get('op')}: '{field}' {word}") from None
         if model.stream is not None and not _NAME.match(model.stream):
