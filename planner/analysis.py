@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import networkx as nx
 
 from .cost import CostModel
+from .expr import free_names
 from .graph import Compiled, compatible
 from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
@@ -46,32 +49,84 @@ def _optimistic_facts(cp: Compiled, dims: dict, tuned: dict) -> Facts:
     return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, tensors=_LazyTensors(cp.tensors, dims))
 
 
+# facts an earlier variant's gate may use and still be known to hold at plan time (with every
+# value of capturing and of the device); a gate over rank, tensors' layouts or dtypes is not
+_SURE_FACTS = {"capturing", "cc", "device", "true", "false", "min", "max", "ceil_div"}
+_FACT_CASES = [(cap, dev, cc) for cap in (True, False) for dev, cc in (("cuda", 90), ("cpu", 0))]
+
+
+def _variants(cp: Compiled) -> dict:
+    return getattr(cp, "variants", None) or {r: reg.variants for r, reg in cp.plan.regions.items()}
+
+
+def _gate(v, gates: dict | None):
+    g = None if gates is None else gates.get(id(v.when))
+    if g is None:
+        g = compile_gate(v.when)
+        if gates is not None:
+            gates[id(v.when)] = g
+    return g
+
+
+def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None) -> bool:
+    """Does variant v's gate hold at bindings b whatever the other run-time facts are?"""
+    names = free_names(v.when)
+    if any(n not in cp.plan.dims and n not in _SURE_FACTS and not n.startswith("tuned.") for n in names):
+        return False
+    g = _gate(v, gates)
+    for cap, dev, cc in _FACT_CASES:
+        f = Facts(dims=b, capturing=cap, cc=cc, device=dev, tuned=tuned, tensors=_LazyTensors(cp.tensors, b))
+        try:
+            if not g(f):
+                return False
+        except (KeyError, TypeError, ValueError):
+            return False
+    return True
+
+
 def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = None) -> bool:
-    variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in cp.plan.regions.items()}
+    """Can every variant of ctx run at bindings b: its gate can hold (optimistic facts) and no
+    variant before it in its region surely takes the call (a fallback never sees the sizes the
+    gates above it always take)?"""
+    variants = _variants(cp)
     facts = _optimistic_facts(cp, b, tuned)
     for rid, vname in ctx:
         for v in variants.get(rid, []):
             if v.name == vname:
-                if v.when is not None:
-                    gate = None if gates is None else gates.get(id(v.when))
-                    if gate is None:
-                        gate = compile_gate(v.when)
-                        if gates is not None:
-                            gates[id(v.when)] = gate
-                    if not gate(facts):
-                        return False
+                if v.when is not None and not _gate(v, gates)(facts):
+                    return False
                 break
+            if v.when is not None and _surely(cp, v, b, tuned, gates):
+                return False
     return True
 
 
+def _walked_dims(cp: Compiled, ctx: tuple) -> list[str]:
+    """The dims whose buckets a scope is rated at: the first dim (the token count every cost
+    scales with) and every dim a gate of ctx, or of a variant before it, names."""
+    names = list(cp.plan.dims)
+    used = set()
+    variants = _variants(cp)
+    for rid, vname in ctx:
+        for v in variants.get(rid, []):
+            if v.when is not None:
+                used |= free_names(v.when)
+            if v.name == vname:
+                break
+    return [n for i, n in enumerate(names) if i == 0 or n in used]
+
+
 def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
-    """Dim bindings (from the dims' buckets) under which every gate of `ctx` can hold."""
+    """Dim bindings (from the dims' buckets) under which every gate of `ctx` can hold: the
+    buckets of the walked dims (_walked_dims), the other dims at their maximum."""
     plan = cp.plan
     names = list(plan.dims)
     if not names:
         return [{}]
-    first = plan.dims[names[0]]
-    cands = [{**{n: plan.dims[n].hi for n in names[1:]}, names[0]: b} for b in first.buckets]
+    walked = _walked_dims(cp, ctx)
+    top = {n: plan.dims[n].hi for n in names}
+    cands = [{**top, **dict(zip(walked, combo, strict=True))}
+             for combo in itertools.product(*(plan.dims[n].buckets for n in walked))]
     gates: dict = {}  # one compiled gate per variant (repeated layers share the same few)
     out = [b for b in cands if _holds(cp, ctx, b, tuned, gates)]
     return out or cands
@@ -85,22 +140,24 @@ def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
 
 def largest_bucket(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
     """The largest size a scope's gates allow (where its memory peaks): the largest allowed
-    bucket, raised towards the next bucket while the gates still hold (num_tokens < 16 -> 15)."""
+    bucket, each walked dim raised towards its next bucket while the gates still hold
+    (num_tokens < 16 -> 15)."""
     allowed = allowed_buckets(cp, ctx, tuned)
-    top = allowed[-1]
-    names = list(cp.plan.dims)
-    if not names:
+    top = dict(allowed[-1])
+    if not cp.plan.dims:
         return top
-    d = cp.plan.dims[names[0]]
-    above = [x for x in d.buckets if x > top[names[0]]]
-    lo, hi = top[names[0]], (above[0] if above else d.hi + 1)
-    while hi - lo > 1:  # gates over a dim are monotone between two buckets in every shipped form
-        mid = (lo + hi) // 2
-        if _holds(cp, ctx, {**top, names[0]: mid}, tuned):
-            lo = mid
-        else:
-            hi = mid
-    return {**top, names[0]: lo}
+    for name in _walked_dims(cp, ctx):
+        d = cp.plan.dims[name]
+        above = [x for x in d.buckets if x > top[name]]
+        lo, hi = top[name], (above[0] if above else d.hi + 1)
+        while hi - lo > 1:  # gates over a dim are monotone between two buckets in every shipped form
+            mid = (lo + hi) // 2
+            if _holds(cp, ctx, {**top, name: mid}, tuned):
+                lo = mid
+            else:
+                hi = mid
+        top[name] = lo
+    return top
 
 
 def issue_order(cp: Compiled) -> list[str]:

@@ -1,0 +1,103 @@
+"""Which buckets a gated scope is rated and sized at (planner.analysis.allowed_buckets /
+largest_bucket): every dim a gate names is walked, and a variant never sees the sizes that a
+variant before it always takes."""
+
+from __future__ import annotations
+
+from planner.analysis import allowed_buckets, largest_bucket
+from tests.planutil import compiled
+
+TWO_DIMS = """
+plan: t
+params: {hidden: 256}
+dims:
+  num_tokens: 1..256
+  num_seqs: 1..256
+inputs:
+  x: bf16[num_tokens, hidden]
+  s: bf16[num_seqs, hidden]
+weights:
+  w: bf16[hidden, hidden]
+"""
+
+
+def _ctx(cp, region, variant):
+    return ((region, variant),)
+
+
+def test_a_gate_on_a_second_dim_is_walked(tmp_path):
+    cp = compiled(tmp_path, """
+outputs: [y, z]
+ops:
+  - y: gemm(x, w)
+  - region: r
+    outputs: [z]
+    variants:
+      - name: few_seqs
+        when: num_seqs <= 4
+        ops:
+          - z: gemm(s, w)
+      - name: many_seqs
+        ops:
+          - z0: gemm(s, w)
+          - z: add(z0, s)
+""", header=TWO_DIMS)
+    few = allowed_buckets(cp, _ctx(cp, "r", "few_seqs"), {})
+    assert {b["num_seqs"] for b in few} == {1, 2, 4}
+    assert {b["num_tokens"] for b in few} == set(cp.plan.dims["num_tokens"].buckets)
+    assert largest_bucket(cp, _ctx(cp, "r", "few_seqs"), {}) == {"num_tokens": 256, "num_seqs": 4}
+    many = allowed_buckets(cp, _ctx(cp, "r", "many_seqs"), {})
+    assert min(b["num_seqs"] for b in many) == 8  # the fallback never sees 1..4 sequences
+    assert largest_bucket(cp, _ctx(cp, "r", "many_seqs"), {})["num_seqs"] == 256
+    # scopes without gates keep the old walk: the first dim only, the others at their maximum
+    assert {b["num_seqs"] for b in allowed_buckets(cp, (), {})} == {256}
+    mem = cp.report["estimate-memory"]["variants"]
+    assert mem["few_seqs"]["bindings"] == {"num_tokens": 256, "num_seqs": 4}, mem
+    assert mem["many_seqs"]["bindings"] == {"num_tokens": 256, "num_seqs": 256}, mem
+
+
+def test_fallback_is_rated_only_where_it_runs(tmp_path, capsys):
+    body = """
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: small
+        when: {gate}
+        ops:
+          - y: copy(x)
+      - name: large
+        ops:
+          - e: gemm(x, w)
+          - y: add(x, x)
+"""
+    hdr = """
+plan: t
+params: {hidden: 64}
+dims:
+  num_tokens: 1..1024
+inputs:
+  x: bf16[num_tokens, hidden]
+weights:
+  w: bf16[hidden, hidden]
+"""
+    cp = compiled(tmp_path / "a", body.replace("{gate}", "num_tokens <= 64"), header=hdr)
+    toks = [b["num_tokens"] for b in allowed_buckets(cp, _ctx(cp, "r", "large"), {})]
+    assert min(toks) == 128 and max(toks) == 1024
+    # a gate that may or may not hold at run time (capturing, the device) excludes nothing
+    for gate in ("capturing and num_tokens <= 64", "device == 'cuda' and num_tokens <= 64"):
+        cp = compiled(tmp_path / gate[:5], body.replace("{gate}", gate), header=hdr)
+        toks = [b["num_tokens"] for b in allowed_buckets(cp, _ctx(cp, "r", "large"), {})]
+        assert min(toks) == 1, gate
+    # the same holds through the report: the fallback's rows start at 128 tokens
+    import json
+
+    from planner.cli import main
+    from tests.planutil import write
+
+    p = write(tmp_path / "c", hdr.lstrip("\n") + body.replace("{gate}", "num_tokens <= 64"))
+    assert main(["compile", str(p), "--emit", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["critical_path"]
+    assert min(r["bindings"]["num_tokens"] for r in rows if r["variant"] == "large") == 128
+    assert max(r["bindings"]["num_tokens"] for r in rows if r["variant"] == "small") == 64
