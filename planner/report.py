@@ -294,11 +294,13 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if cps:
         L.append("")
         L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name})"))
-        L.append(f"  {'variant':<16}{'dims':<22}{'serial us':>12}{'scheduled us':>15}{'gain':>8}")
-        for r in cps:
-            b = ", ".join(f"{k}={v}" for k, v in r["bindings"].items()) or "-"
+        dims = [", ".join(f"{k}={v}" for k, v in r["bindings"].items()) or "-" for r in cps]
+        wv = max([16] + [len(r["variant"]) + 2 for r in cps])
+        wd = max([22] + [len(d) + 2 for d in dims])  # several gated dims make longer bindings
+        L.append(f"  {'variant':<{wv}}{'dims':<{wd}}{'serial us':>12}{'scheduled us':>15}{'gain':>8}")
+        for r, b in zip(cps, dims, strict=True):
             gain = r["serial_us"] / r["scheduled_us"] if r["scheduled_us"] else 1.0
-            L.append(f"  {r['variant']:<16}{b:<22}{r['serial_us']:>12.1f}{r['scheduled_us']:>15.1f}{gain:>7.2f}x")
+            L.append(f"  {r['variant']:<{wv}}{b:<{wd}}{r['serial_us']:>12.1f}{r['scheduled_us']:>15.1f}{gain:>7.2f}x")
 
     mem = cp.report.get("estimate-memory")
     if isinstance(mem, dict):
