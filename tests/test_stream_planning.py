@@ -130,6 +130,23 @@ def test_declared_streams_and_the_streams_bound_folds_pins(tmp_path):
     assert folded and "act pinned to side -> main (--streams 1 allows main) at" in folded[0]["decision"]
 
 
+def test_a_pin_to_aux_means_the_first_aux_stream_at_every_pool_size(tmp_path):
+    """Without declared streams the pool's first aux stream is "aux" at --streams 2 and "aux1" at 3
+    or more: a pin to either name lands there instead of being folded onto main."""
+    for pin in ("aux", "aux1"):
+        text = body(SHARED.replace("cost_us=2)", f"cost_us=2, stream={pin})"), ROUTER)
+        for n, want in ((2, "aux"), (3, "aux1"), (4, "aux1")):
+            cp = compiled(tmp_path / f"{pin}{n}", text, H, cfg=CompileConfig(num_streams=n, verify_each=True))
+            assert streams(cp)["act"] == want, (pin, n)
+            assert not [d for d in cp.report["assign-streams"] if d["scopes"] == ["(pins)"]], (pin, n)
+        cp = compiled(tmp_path / f"{pin}1", text, H, cfg=CompileConfig(num_streams=1, verify_each=True))
+        assert streams(cp)["act"] == "main"
+        assert [d for d in cp.report["assign-streams"] if d["scopes"] == ["(pins)"]]  # folded, and said so
+    text = body(SHARED.replace("cost_us=2)", "cost_us=2, stream=aux2)"), ROUTER)
+    cp = compiled(tmp_path / "aux2", text, H, cfg=CompileConfig(num_streams=2, verify_each=True))
+    assert streams(cp)["act"] == "main"  # a third stream at --streams 2: folded and reported
+
+
 def test_overlap_that_loses_at_some_bucket_falls_back_to_serial(tmp_path):
     # with 30 us events, the fork/join loses at every size: serial, and the report says why
     cfg = CompileConfig(profile=DeviceProfile(event_us=30.0), verify_each=True)

@@ -46,6 +46,11 @@ def pool(n: int) -> list[str]:
     return ["main"] + (["aux"] if n == 2 else [f"aux{i}" for i in range(1, n)])
 
 
+# the first aux stream of the pool is "aux" with two streams and "aux1" with more: a pin written
+# for one pool size means the same stream at another
+_POOL_ALIAS = {"aux": "aux1", "aux1": "aux"}
+
+
 def stays_on_main(op) -> bool:
     return op.op in COLLECTIVES or (op.op == "extern" and not op.side_stream)
 
@@ -60,6 +65,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         s = d["op"].stream
         if not s:
             continue
+        if not declared:
+            s = _POOL_ALIAS.get(s, s) if s not in streams else s
         if s in streams:
             pinned[v] = s
         else:
