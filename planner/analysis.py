@@ -13,8 +13,8 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import shared_simulator
 
-__all__ = ["allowed_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "simulate", "simulator",
-           "variant_choice", "issue_order", "graph_shape"]
+__all__ = ["allowed_buckets", "possible_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
+           "simulate", "simulator", "variant_choice", "issue_order", "graph_shape"]
 
 
 class _AnyTensor:
@@ -116,20 +116,30 @@ def _walked_dims(cp: Compiled, ctx: tuple) -> list[str]:
     return [n for i, n in enumerate(names) if i == 0 or n in used]
 
 
+def _bucket_grid(cp: Compiled, ctx: tuple) -> list[dict]:
+    plan = cp.plan
+    walked = _walked_dims(cp, ctx)
+    top = {n: plan.dims[n].hi for n in plan.dims}
+    return [{**top, **dict(zip(walked, combo, strict=True))}
+            for combo in itertools.product(*(plan.dims[n].buckets for n in walked))]
+
+
+def possible_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
+    """The buckets (see allowed_buckets) at which every variant of ctx can run; empty when the
+    variants of ctx never run together."""
+    if not cp.plan.dims:
+        return [{}]
+    gates: dict = {}  # one compiled gate per variant (repeated layers share the same few)
+    return [b for b in _bucket_grid(cp, ctx) if _holds(cp, ctx, b, tuned, gates)]
+
+
 def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
     """Dim bindings (from the dims' buckets) under which every gate of `ctx` can hold: the
-    buckets of the walked dims (_walked_dims), the other dims at their maximum."""
-    plan = cp.plan
-    names = list(plan.dims)
-    if not names:
+    buckets of the walked dims (_walked_dims), the other dims at their maximum (all of them
+    when no bucket holds, so a scope is always rated somewhere)."""
+    if not cp.plan.dims:
         return [{}]
-    walked = _walked_dims(cp, ctx)
-    top = {n: plan.dims[n].hi for n in names}
-    cands = [{**top, **dict(zip(walked, combo, strict=True))}
-             for combo in itertools.product(*(plan.dims[n].buckets for n in walked))]
-    gates: dict = {}  # one compiled gate per variant (repeated layers share the same few)
-    out = [b for b in cands if _holds(cp, ctx, b, tuned, gates)]
-    return out or cands
+    return possible_buckets(cp, ctx, tuned) or _bucket_grid(cp, ctx)
 
 
 def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:

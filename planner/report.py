@@ -9,12 +9,13 @@ JSON contract (docs/cli.md): {"plan", "file", "params", "dims", "groups", "strea
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import sys
 
-from .analysis import allowed_buckets, simulator, variant_choice
+from .analysis import allowed_buckets, possible_buckets, simulator, variant_choice
 from .cost import CostModel
 from .graph import Compiled, compatible
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
@@ -38,11 +39,58 @@ def _gate_of(cp: Compiled, ctx: tuple) -> str | None:
     return " and ".join(parts)
 
 
+MAX_COMBOS = 32  # variant combinations estimated when regions differ (beyond: one name at a time)
+
+
+def region_groups(cp: Compiled) -> list[list[str]]:
+    """Regions grouped when they are alike: names equal up to their numbers (layer indices)
+    and the same variants with the same gates (numbers inside names aside, thresholds not)."""
+    seen: dict[str, list[str]] = {}
+    for rid, vs in cp.variants.items():
+        gates = "|".join(f"{v.name}:{v.when_text}" for v in vs)
+        seen.setdefault(_norm(rid) + "|" + re.sub(r"(?<=[A-Za-z_])\d+", "#", gates), []).append(rid)
+    return list(seen.values())
+
+
+def _group_label(rids: list[str]) -> str:
+    return rids[0] if len(rids) == 1 else f"{rids[0]} (+{len(rids) - 1} alike)"
+
+
+def _variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
+    """(label, region -> variant) of every variant combination the estimate covers: one name at
+    a time when all regions are alike (repeated layers take the same variant), else every
+    combination of the groups' variants (up to MAX_COMBOS)."""
+    groups = region_groups(cp)
+    if not groups:
+        return [("(plan)", {})]
+    combos = 1
+    for rids in groups:
+        combos *= len(cp.variants[rids[0]])
+    if len(groups) == 1 or combos > MAX_COMBOS:
+        names = sorted({v.name for vs in cp.variants.values() for v in vs})
+        return [(n, variant_choice(cp, n)) for n in names]
+    out = []
+    for pick in itertools.product(*([v.name for v in cp.variants[rids[0]]] for rids in groups)):
+        choice = {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids}
+        label = ", ".join(f"{_group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True))
+        out.append((label, choice))
+    return out
+
+
+def _never_run(cp: Compiled, cfg) -> list[str]:
+    """Variants (one name at a time, all regions alike) whose gates hold at no bucket."""
+    if len(region_groups(cp)) != 1:
+        return []
+    tuned = {**cp.plan.tuned, **cfg.tuned}
+    return [label for label, choice in _variant_picks(cp)
+            if not possible_buckets(cp, tuple(sorted(choice.items())), tuned)]
+
+
 def critical_paths(cp: Compiled, cfg) -> list[dict]:
-    """Estimated time per variant at small, typical and large allowed sizes."""
+    """Estimated time per variant (combination) at small, typical and large sizes it can see;
+    combinations that never run together are left out."""
     model = CostModel(cfg.profile, cp.plan.groups)
     tuned = {**cp.plan.tuned, **cfg.tuned}
-    names = sorted({v.name for vs in cp.variants.values() for v in vs}) or [None]
     g = cp.graph
     memo: dict[tuple, float] = {}  # (op, bucket) -> us or bytes: the variants share their buckets
 
@@ -58,16 +106,17 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
         return out
 
     out = []
-    for name in names:
-        choice = variant_choice(cp, name) if name else {}
+    for label, choice in _variant_picks(cp):
         ctx = tuple(sorted(choice.items()))
-        allowed = allowed_buckets(cp, ctx, tuned) if name else allowed_buckets(cp, (), tuned)
+        allowed = possible_buckets(cp, ctx, tuned) if choice else allowed_buckets(cp, (), tuned)
+        if not allowed:
+            continue
         picks = []
         for b in (allowed[0], allowed[len(allowed) // 2], allowed[-1]):
             if b not in picks:
                 picks.append(b)
         order = cp.schedule
-        if name:
+        if choice:
             ctx_of = {v: g.nodes[v]["ctx"] for v in order}
             fits = {c: compatible(ctx, c) for c in set(ctx_of.values())}  # repeated layers share a few
             order = [v for v in order if fits[ctx_of[v]]]
@@ -77,7 +126,7 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
             demand = per_op(model.op_bytes, order, b) if cfg.share_bandwidth else None
             span, finish = sim(costs, demand)
             serial = sum(costs[v] for v in finish)
-            out.append({"variant": name or "(plan)", "bindings": b, "scheduled_us": round(span, 2),
+            out.append({"variant": label, "bindings": b, "scheduled_us": round(span, 2),
                         "serial_us": round(serial, 2)})
     return out
 
@@ -272,14 +321,9 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if cp.variants:
         L.append("")
         L.append(st.bold("Variants") + st.dim("  (tried in order at run time; the last is the fallback)"))
-        seen: dict[str, list[str]] = {}
-        for rid, vs in cp.variants.items():
-            sig = _norm(rid + "|" + "|".join(f"{v.name}:{v.when_text}" for v in vs))
-            seen.setdefault(sig, []).append(rid)
-        for rids in seen.values():
+        for rids in region_groups(cp):
             rid = rids[0]
-            label = rid if len(rids) == 1 else f"{rid} (+{len(rids) - 1} alike)"
-            L.append(f"  region {label}:")
+            L.append(f"  region {_group_label(rids)}:")
             for v in plan.regions[rid].variants:
                 live = v in cp.variants[rid]
                 gate = v.when_text if v.when is not None else "fallback"
@@ -291,7 +335,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     L += _schedule_lines(cp, st, full)
 
     cps = critical_paths(cp, cfg) if cp.schedule else []
-    if cps:
+    never = _never_run(cp, cfg) if cp.schedule else []
+    if cps or never:
         L.append("")
         L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name})"))
         dims = [", ".join(f"{k}={v}" for k, v in r["bindings"].items()) or "-" for r in cps]
@@ -301,6 +346,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         for r, b in zip(cps, dims, strict=True):
             gain = r["serial_us"] / r["scheduled_us"] if r["scheduled_us"] else 1.0
             L.append(f"  {r['variant']:<{wv}}{b:<{wd}}{r['serial_us']:>12.1f}{r['scheduled_us']:>15.1f}{gain:>7.2f}x")
+        for name in never:
+            L.append(st.dim(f"  {name}: its gate holds at no size the dims allow (with these tuned limits)"))
 
     mem = cp.report.get("estimate-memory")
     if isinstance(mem, dict):

@@ -101,3 +101,67 @@ weights:
     rows = json.loads(capsys.readouterr().out)["critical_path"]
     assert min(r["bindings"]["num_tokens"] for r in rows if r["variant"] == "large") == 128
     assert max(r["bindings"]["num_tokens"] for r in rows if r["variant"] == "small") == 64
+
+
+TWO_REGIONS = """
+outputs: [a, c]
+ops:
+  - region: r1
+    outputs: [a]
+    variants:
+      - name: small
+        when: num_tokens <= 8
+        ops:
+          - a: copy(x)
+      - name: big
+        ops:
+          - a0: gemm(x, w)
+          - a: add(a0, x)
+  - region: r2
+    outputs: [c]
+    variants:
+      - name: small
+        when: num_tokens <= 32
+        ops:
+          - c: copy(a)
+      - name: big
+        ops:
+          - c0: gemm(a, w)
+          - c: add(c0, a)
+"""
+HDR = """
+plan: t
+params: {hidden: 64}
+dims:
+  num_tokens: 1..256
+inputs:
+  x: bf16[num_tokens, hidden]
+weights:
+  w: bf16[hidden, hidden]
+"""
+
+
+def test_regions_with_different_gates_are_not_merged_and_every_combination_is_estimated(tmp_path):
+    from planner.config import CompileConfig
+    from planner.report import critical_paths, to_text
+
+    cp = compiled(tmp_path, TWO_REGIONS, header=HDR)
+    text = to_text(cp, CompileConfig())
+    assert "region r1:" in text and "region r2:" in text and "alike" not in text
+    rows = critical_paths(cp, CompileConfig())
+    seen = {}
+    for r in rows:
+        seen.setdefault(r["variant"], []).append(r["bindings"]["num_tokens"])
+    # 9..32 tokens run r1=big with r2=small: estimated; r1=small with r2=big never runs together
+    assert seen == {"r1=small, r2=small": [1, 4, 8], "r1=big, r2=small": [16, 32],
+                    "r1=big, r2=big": [64, 128, 256]}, seen
+
+
+def test_a_variant_that_never_runs_is_said_so(tmp_path):
+    from planner.config import CompileConfig
+    from planner.report import critical_paths, to_text
+
+    body = TWO_REGIONS.split("  - region: r2")[0].replace("outputs: [a, c]", "outputs: [a]")
+    cp = compiled(tmp_path, body.replace("num_tokens <= 8", "num_tokens <= 0"), header=HDR)
+    assert {r["variant"] for r in critical_paths(cp, CompileConfig())} == {"big"}
+    assert "small: its gate holds at no size the dims allow" in to_text(cp, CompileConfig())
