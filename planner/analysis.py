@@ -11,7 +11,7 @@ from .expr import free_names
 from .graph import Compiled, compatible
 from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
-from .sharing import shared_simulator
+from .sharing import exit_span, shared_simulator
 
 __all__ = ["allowed_buckets", "possible_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
            "simulate", "simulator", "variant_choice", "issue_order", "graph_shape"]
@@ -260,10 +260,7 @@ def _simulate_free(order, preds, views, streams, costs, event_us) -> tuple[float
         finish[v] = start + costs[v]
         free[s] = finish[v]
         real[v] = s
-    span = max(finish.values(), default=0.0)
-    if any(r not in (None, "main") for r in real.values()):
-        span += event_us  # the join back to the caller's stream
-    return span, finish
+    return exit_span(order, preds, real, finish, event_us), finish
 
 
 def graph_shape(cp: Compiled, order: list) -> tuple[dict, set]:

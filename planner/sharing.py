@@ -12,7 +12,7 @@ each, as in analysis.simulate (which this equals when no two transfer parts meet
 
 from __future__ import annotations
 
-__all__ = ["simulate_shared", "shared_simulator"]
+__all__ = ["simulate_shared", "shared_simulator", "exit_span"]
 
 _EPS = 1e-9
 
@@ -150,8 +150,30 @@ def shared_simulator(order: list, preds: dict, views: set, streams: dict, bytes_
                     done(v, t, s_)
                 else:
                     running[v] = r
-        span = max(finish.values(), default=0.0)
-        if any(r not in (None, "main") for r in real.values()):
-            span += event_us  # the join back to the caller's stream
-        return span, finish
+        return exit_span(order, ps, real, finish, event_us), finish
     return run
+
+
+def exit_span(order: list, preds: dict, real: dict, finish: dict, event_us: float) -> float:
+    """Makespan of a simulated schedule, the join back to the caller's stream included: one
+    event at the exit when some side stream's last op has not been waited for by an op on main
+    (side work whose results main already consumed was charged at that op's wait)."""
+    main_end = 0.0
+    side_end: dict = {}
+    covered: dict = {}  # side stream -> the latest of its finishes an op on main waited for
+    for v in order:
+        s = real.get(v)
+        if v not in finish or s is None:
+            continue
+        if s == "main":
+            main_end = max(main_end, finish[v])
+            for u in preds[v]:
+                su = real.get(u)
+                if su not in (None, "main") and u in finish:
+                    covered[su] = max(covered.get(su, 0.0), finish[u])
+        else:
+            side_end[s] = max(side_end.get(s, 0.0), finish[v])
+    span = max([main_end, *side_end.values()])
+    if any(covered.get(s, -1.0) < end for s, end in side_end.items()):
+        span += event_us
+    return span

@@ -36,7 +36,31 @@ def _free(order, preds, streams, costs, ev):
         finish[v] = start + costs[v]
         free[s], real[v] = finish[v], s
     span = max(finish.values())
-    return span + (ev if any(r != "main" for r in real.values()) else 0.0), finish
+    side_end, waited = {}, {}  # the join at the exit: side work main has not waited for yet
+    for v in order:
+        if real[v] == "main":
+            for u in preds[v]:
+                if real[u] != "main":
+                    waited[real[u]] = max(waited.get(real[u], 0.0), finish[u])
+        else:
+            side_end[real[v]] = max(side_end.get(real[v], 0.0), finish[v])
+    join = any(waited.get(s, -1.0) < end for s, end in side_end.items())
+    return span + (ev if join else 0.0), finish
+
+
+def test_the_exit_join_is_charged_only_for_side_work_main_has_not_waited_for():
+    """a (main, 10 us) beside b (aux, 2 us): when c on main consumes b, its wait is the join (b
+    lands at 1 + 2 + 1 event, long before a ends) and nothing more is charged at the exit; when
+    nothing on main waits for b, the exit join costs one event."""
+    costs = {"a": 10.0, "b": 2.0, "c": 1.0}
+    streams = {"a": "main", "b": "aux", "c": "main"}
+    for demand in ({}, {"a": BW * 5.0, "b": BW * 1.0}):
+        span, _ = simulate_shared(["a", "b", "c"], {"a": [], "b": [], "c": ["a", "b"]}, set(), streams, costs,
+                                  demand, BW, 1.0)
+        assert abs(span - 11.0) < 1e-6, (demand, span)
+        span, _ = simulate_shared(["a", "b", "c"], {"a": [], "b": [], "c": ["a"]}, set(), streams, costs,
+                                  demand, BW, 1.0)
+        assert abs(span - 12.0) < 1e-6, (demand, span)
 
 
 def test_equals_the_free_overlap_simulation_when_nothing_competes():

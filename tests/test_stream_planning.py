@@ -69,6 +69,53 @@ def test_reported_gain_is_the_scheduled_estimate_at_every_bucket(tmp_path, order
     assert "never slower than serial over num_tokens=1 .. num_tokens=256" in text
 
 
+def test_a_region_s_stated_gain_is_its_variant_s_gain(tmp_path):
+    """A region whose side-stream result is consumed after the region: the gain its scope states
+    is the gain of the whole variant at the same bucket (the consumer's wait is the join; it used
+    to be charged a second time at the exit, 2.5 us stated vs 1.5 us in the variant table)."""
+    hdr = """
+plan: g
+params: {hidden: 2048, inter: 3072}
+dims: {num_tokens: 1..512}
+inputs:
+  x: bf16[num_tokens, hidden]
+weights:
+  w_gu: bf16[2 * inter, hidden]
+  w_down: bf16[hidden, inter]
+"""
+    text = """
+outputs: [y]
+ops:
+  - region: mlp
+    outputs: [act]
+    variants:
+      - name: split
+        when: num_tokens <= 16
+        ops:
+          - g: gemm(x, w_gu[:inter])
+          - u: gemm(x, w_gu[inter:])
+          - gu2: cat([g, u], dim=-1)
+          - act: silu_and_mul(gu2)
+      - name: packed
+        ops:
+          - gu: gemm(x, w_gu)
+          - act: silu_and_mul(gu)
+  - y: gemm(act, w_down)
+"""
+    cfg = CompileConfig(verify_each=True)
+    cp = compiled(tmp_path, text, hdr, cfg=cfg)
+    (info,) = [i for i in scopes(cp) if i["scope"] == [["mlp", "split"]]]
+    assert info["mode"] == "chosen"
+    rows = {r["bindings"]["num_tokens"]: r for r in critical_paths(cp, cfg) if r["variant"] == "split"}
+    checked = 0
+    for b, ser, sch in zip(info["buckets"], info["serial_us"], info["scheduled_us"], strict=True):
+        if b["num_tokens"] in rows:
+            r = rows[b["num_tokens"]]
+            assert r["serial_us"] - r["scheduled_us"] == pytest.approx(ser - sch, abs=0.02), b
+            checked += 1
+    assert checked >= 2
+
+
 def test_extern_that_must_stay_on_main(tmp_path):
     pinned = SHARED.replace("cost_us=2)", "cost_us=2, side_stream=false)")
     cp = compiled(tmp_path, body(pinned, ROUTER.replace("cost_us=60)", "cost_us=60, side_stream=false)")), H)
@@ -148,8 +195,9 @@ def test_a_pin_to_aux_means_the_first_aux_stream_at_every_pool_size(tmp_path):
 
 
 def test_overlap_that_loses_at_some_bucket_falls_back_to_serial(tmp_path):
-    # with 30 us events, the fork/join loses at every size: serial, and the report says why
-    cfg = CompileConfig(profile=DeviceProfile(event_us=30.0), verify_each=True)
+    # with 40 us events the fork and the join (the add waiting for the shared expert) cost more
+    # than the routed experts hide: serial at every size, and the report says why
+    cfg = CompileConfig(profile=DeviceProfile(event_us=40.0), verify_each=True)
     cp = compiled(tmp_path, body(SHARED, ROUTER), H, cfg=cfg)
     assert set(streams(cp).values()) == {"main"}
     (d,) = cp.report["assign-streams"]
