@@ -51,3 +51,30 @@ ops:
     assert all("all_to_all is never fused" in n["reason"] for n in f["not_fused"])
     # and it stays on the main stream with the other collectives
     assert all(cp.graph.nodes[v]["stream"] == "main" for v in ("a", "b"))
+
+
+def test_refusal_reason_tells_exclusive_variants_from_a_gated_and_an_ungated_collective(tmp_path):
+    """Two variants of one region never run together; a collective inside a variant and one
+    outside the region can: the report says which (it called both 'exclusive at run time')."""
+    from tests.planutil import compiled
+
+    cp = compiled(tmp_path, """
+outputs: [ga, gb]
+ops:
+  - region: r
+    outputs: [ga]
+    variants:
+      - name: small
+        when: num_tokens <= 8
+        ops:
+          - ga: all_gather(x, tp, 0)
+      - name: big
+        ops:
+          - a2: add(x, x)
+          - ga: all_gather(a2, tp, 0)
+  - gb: all_gather(x, tp, 0)
+""")
+    why = {tuple(d["ops"]): d["reason"] for d in cp.report["fuse-collectives"]["not_fused"]}
+    assert why[("r/small/ga", "r/big/ga")] == "different variants (exclusive at run time)"
+    assert why[("r/small/ga", "gb")].startswith("different variant contexts (r:small vs every call)")
+    assert "can run in one call" in why[("r/big/ga", "gb")]

@@ -25,7 +25,7 @@ import networkx as nx
 from ..analysis import allowed_buckets, op_costs, rep_bindings
 from ..cost import CostModel
 from ..expr import Bin, Num, unparse
-from ..graph import Compiled, rebuild_edges
+from ..graph import Compiled, compatible, rebuild_edges
 from ..infer import InferCtx
 from ..ops import PACKABLE_COLLECTIVES, Cat, Split
 from ..shapes import DTYPES
@@ -74,7 +74,14 @@ def _why_differs(k1, k2) -> str:
     names = ["kind", "process group", "dim", "dtype", "reduction", "backend", "variant context"]
     for n, a, b in zip(names, k1, k2, strict=True):
         if a != b:
-            return f"different {n} ({a} vs {b})" if n != "variant context" else "different variants (exclusive at run time)"
+            if n != "variant context":
+                return f"different {n} ({a} vs {b})"
+            if not compatible(a, b):
+                return "different variants (exclusive at run time)"
+            def label(c):
+                return " / ".join(f"{r}:{v}" for r, v in c) or "every call"
+            return (f"different variant contexts ({label(a)} vs {label(b)}): they can run in one call,"
+                    " but fusion stays within one context")
     return "same key"
 
 
