@@ -13,7 +13,7 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
-__all__ = ["allowed_buckets", "possible_buckets", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
+__all__ = ["allowed_buckets", "possible_buckets", "running_variants", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
            "simulate", "simulator", "variant_choice", "issue_order", "graph_shape"]
 
 
@@ -99,6 +99,21 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
             if v.when is not None and _surely(cp, v, b, tuned, gates):
                 return False
     return True
+
+
+def running_variants(cp: Compiled, b: dict, tuned: dict) -> dict[str, str]:
+    """Region -> the variant that takes a call at bindings b: the first whose gate can hold
+    (optimistic facts: inside a graph capture on the GPU) and that no variant before it takes."""
+    out = {}
+    gates: dict = {}
+    for rid, vs in _variants(cp).items():
+        for v in vs:
+            if _holds(cp, ((rid, v.name),), b, tuned, gates):
+                out[rid] = v.name
+                break
+        else:
+            out[rid] = vs[-1].name
+    return out
 
 
 def _walked_dims(cp: Compiled, ctx: tuple) -> list[str]:

@@ -282,3 +282,67 @@ ops:
 def test_unknown_stream_in_compact_form_is_not_a_traceback(tmp_path):
     with pytest.raises(PlanError):
         compiled(tmp_path, body(SHARED, ROUTER.replace("cost_us=60)", "cost_us=60, side_stream=maybe)")), H)
+
+
+GATED_MOE = """
+outputs: [y]
+ops:
+  - region: moe
+    outputs: [routed, shared_gu]
+    variants:
+      - name: separate
+        when: num_tokens <= 16
+        ops:
+          - logits: gemm(x, w_router)
+          - routed: extern(routed_experts, x, logits, shape=[num_tokens, hidden], cost_us=45)
+          - shared_gu: gemm(x, w_gate_up)
+      - name: packed
+        ops:
+          - lg: gemm(x, w_router)
+          - shared_gu: gemm(x, w_gate_up)
+          - routed: extern(routed_experts, x, lg, shape=[num_tokens, hidden], cost_us=45)
+  - act: silu_and_mul(shared_gu)
+  - sh: gemm(act, w_down)
+  - y: add(routed, sh)
+"""
+
+
+def test_work_outside_a_region_goes_beside_the_region(tmp_path):
+    """The shared expert's act -> down projection comes after a gated region whose routed
+    experts take 45 us: planned with the region's ops in view, the branch moves to aux as a
+    whole (either op alone only adds a wait), at every bucket no slower than serial; the region's
+    ops are not counted as the user's pins."""
+    cfg = CompileConfig(verify_each=True)
+    cp = compiled(tmp_path, GATED_MOE, H, cfg=cfg)
+    s = streams(cp)
+    assert s["act"] == s["sh"] != "main" and s["y"] == "main"
+    (info,) = [i for i in scopes(cp) if i["scope"] == []]
+    assert info["mode"] == "chosen" and info["pinned"] == 0
+    assert all(sch <= ser for sch, ser in zip(info["scheduled_us"], info["serial_us"], strict=True))
+    assert max(ser - sch for sch, ser in zip(info["scheduled_us"], info["serial_us"], strict=True)) > 5
+    for r in critical_paths(cp, cfg):
+        assert r["scheduled_us"] < r["serial_us"], r
+    assert "pinned" not in " ".join(d["decision"] for d in cp.report["assign-streams"])
+
+
+def test_independent_gemm_beside_a_region_moves(tmp_path):
+    text = """
+outputs: [y, z]
+ops:
+  - y: gemm(x, w_gate_up)
+  - region: r
+    outputs: [z]
+    variants:
+      - name: small
+        when: num_tokens <= 4
+        ops:
+          - z: extern(small_path, x, shape=[num_tokens, hidden], cost_us=10)
+      - name: big
+        ops:
+          - z: extern(big_path, x, shape=[num_tokens, hidden], cost_us=60)
+"""
+    cfg = CompileConfig(verify_each=True)
+    cp = compiled(tmp_path, text, H, cfg=cfg)
+    assert streams(cp)["y"] != "main"  # was 'no independent work to overlap'
+    for r in critical_paths(cp, cfg):
+        assert r["scheduled_us"] < r["serial_us"], r

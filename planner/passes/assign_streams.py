@@ -31,7 +31,14 @@ from __future__ import annotations
 
 import heapq
 
-from ..analysis import allowed_buckets, graph_shape, issue_order, simulator, variant_choice
+from ..analysis import (
+    allowed_buckets,
+    graph_shape,
+    issue_order,
+    running_variants,
+    simulator,
+    variant_choice,
+)
 from ..cost import CostModel
 from ..graph import Compiled, compatible
 from ..ops import COLLECTIVES, VIEW_OPS
@@ -39,6 +46,7 @@ from ..ops import COLLECTIVES, VIEW_OPS
 NAME = "assign-streams"
 SEARCH_MAX_OPS = 48       # local search only in scopes this small (per move: one simulate per bucket)
 SEARCH_BUCKETS = 5        # buckets rated during the search; every bucket rates the finalists
+NEIGHBOR_MAX_OPS = 16     # scopes this small also rate every single / chain move from serial
 LARGE_SCOPE = 2000        # above this many ops, rate the largest bucket only (compile time)
 
 
@@ -88,22 +96,48 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     assign: dict[str, str] = {}
     decisions: dict[tuple, dict] = {}
     planned: dict[tuple, tuple] = {}  # scope signature -> (its nodes, assignment, decision)
-    for ctx, nodes in scopes.items():
+    # regions first: the always-running scope is then planned beside their decided streams
+    for ctx, nodes in sorted(scopes.items(), key=lambda kv: not kv[0]):
+        own = nodes
         buckets = allowed_buckets(cp, ctx, tuned)
         if len(nodes) > LARGE_SCOPE:
             buckets = buckets[-1:]  # compile time: the largest size only
+        scope_pins = pinned
+        if not ctx:  # ops outside regions may overlap the regions' work: rate them beside it
+            nodes, scope_pins, region_ops = _with_regions(cp, order, scopes, nodes, pinned, assign)
         costs = [cost(nodes, b) for b in buckets]
         demand = [moved(nodes, b) for b in buckets] if moved else None
-        sig = _signature(g, nodes, buckets, costs, demand, pinned)
+        if nodes is not own:
+            for i, b in enumerate(buckets):  # a region's ops cost nothing where another variant runs
+                runs = running_variants(cp, b, tuned)
+                for v in region_ops:
+                    if any(runs.get(r) != name for r, name in g.nodes[v]["ctx"]):
+                        costs[i][v] = 0.0
+                        if demand:
+                            demand[i][v] = 0.0
+        sig = _signature(g, nodes, buckets, costs, demand, scope_pins)
         if sig in planned:  # a repeated layer: the same decision, position by position
             first, a0, info0 = planned[sig]
             a = {v: a0[u] for u, v in zip(first, nodes, strict=True)}
             info = {**info0}
         else:
-            a, info = _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, cfg.min_gain_us, demand, bw)
+            a, info = _plan_scope(cp, nodes, costs, buckets, streams, scope_pins, ev, cfg.min_gain_us, demand, bw)
             planned[sig] = (nodes, a, info)
-        assign.update(a)
+        if nodes is not own:
+            # a region's selects (views of every variant's result) stay where a plan of the scope
+            # alone puts them; the first variant's stream is no better a guess than main
+            a = {**a, **{v: s for v, s in _views_follow(cp, own, {v: a[v] for v in own}).items()
+                         if v in own and not any(u in set(own) for u in g.predecessors(v))}}
+        assign.update({v: a[v] for v in own})
+        if nodes is not own:  # what the scope itself moved and pinned, not the regions' ops
+            real = [v for v in own if g.nodes[v]["op"].op not in VIEW_OPS]
+            if info["mode"] == "pinned" and not any(pinned.get(v, "main") != "main" for v in own):
+                info = {**info, "mode": "serial"}  # only the regions' own choices were off main
+            info = {**info, "pinned": sum(1 for v in own if v in pinned),
+                    "moved": sum(1 for v in real if a[v] != "main"),
+                    "used": sorted({a[v] for v in real if a[v] != "main"})}
         decisions[ctx] = info
+    decisions = {c: decisions[c] for c in scopes}  # the report lists scopes in plan order
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
     changed = False
     for v in g.nodes:
@@ -120,6 +154,19 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if folded:
         cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
     return cp, changed
+
+
+def _with_regions(cp, order, scopes, nodes, pinned, decided):
+    """The always-running scope's ops together with every region's ops, the latter fixed on the
+    streams their own scopes chose (`decided`), so independent work outside a region can go
+    beside a long region (routed experts in a gated MoE block). Unchanged when the plan has no
+    regions or too many region ops to rate (repeated layers)."""
+    region_ops = [v for c, vs in scopes.items() if c for v in vs]
+    if not region_ops or len(nodes) + len(region_ops) > SEARCH_MAX_OPS * 4:
+        return nodes, pinned, []
+    keep = set(nodes) | set(region_ops)
+    ext = [v for v in order if v in keep]
+    return ext, {**pinned, **{v: decided.get(v, pinned.get(v, "main")) for v in region_ops}}, region_ops
 
 
 def _signature(g, nodes, buckets, costs, demand, pinned) -> tuple:
@@ -197,6 +244,14 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
                 a = _local_search(cp, nodes, movable, start, streams, [serial[i] for i in probe],
                                   lambda x: rate(x, probe))
                 cands.setdefault(_key(a), a)
+        if len(movable) <= NEIGHBOR_MAX_OPS:
+            # every single move and chain move from serial as a candidate of its own: the greedy
+            # search optimizes the worst ratio to serial and can settle on a small uniform gain
+            # (a 1-op move) where moving one branch gains far more at large sizes
+            for group in [[v] for v in movable] + _chains(cp, nodes, movable):
+                for st in streams[1:]:
+                    a = _views_follow(cp, nodes, {**serial_a, **{v: st for v in group}})
+                    cands.setdefault(_key(a), a)
     rated = {k: rate(a) for k, a in cands.items()}
     best = [min(r[i] for r in rated.values()) for i in range(len(buckets))]
     pins_only = _key(serial_a)
@@ -264,20 +319,52 @@ def _views_follow(cp, nodes, a: dict) -> dict:
     return out
 
 
+def _chains(cp, nodes, movable, longest: int = 4) -> list[list[str]]:
+    """Each movable op with the ops it alone feeds, one after another (through views), every
+    prefix up to `longest` ops: a branch like act -> down-projection gains only when it moves
+    as a whole (either op alone adds a cross-stream wait and loses)."""
+    g = cp.graph
+    inside, mov = set(nodes), set(movable)
+
+    def next_ops(v):
+        out = []
+        for u in g.successors(v):
+            if u not in inside:
+                continue
+            if g.nodes[u]["op"].op in VIEW_OPS:
+                out += [w for w in g.successors(u) if w in inside]
+            else:
+                out.append(u)
+        return list(dict.fromkeys(out))
+
+    chains = []
+    for v in movable:
+        chain = [v]
+        while len(chain) < longest:
+            nxt = next_ops(chain[-1])
+            if len(nxt) != 1 or nxt[0] not in mov or nxt[0] in chain:
+                break
+            chain.append(nxt[0])
+            chains.append(list(chain))  # every prefix: where the branch rejoins main is open
+    return chains
+
+
 def _local_search(cp, nodes, movable, start, streams, serial, rate):
-    """Greedy best-improvement moves of one op to another stream; objective: worst ratio to serial."""
+    """Greedy best-improvement moves of one op, or of a chain of ops (_chains), to another
+    stream; objective: worst ratio to serial."""
     def score(a):
         r = rate(a)
         return (max(x / s if s else 1.0 for x, s in zip(r, serial, strict=True)), sum(r))
+    moves = [[v] for v in movable] + _chains(cp, nodes, movable)
     cur = start
     cur_s = score(cur)
     for _ in range(2 * len(movable)):
         best = None
-        for v in movable:
+        for group in moves:
             for s in streams:
-                if s == cur[v]:
+                if all(cur[v] == s for v in group):
                     continue
-                a = _views_follow(cp, nodes, {**cur, v: s})
+                a = _views_follow(cp, nodes, {**cur, **{v: s for v in group}})
                 sc = score(a)
                 if sc < cur_s and (best is None or sc < best[0]):
                     best = (sc, a)
