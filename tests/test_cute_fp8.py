@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -595,11 +596,29 @@ def test_measured_table_wins_where_it_runs_else_heuristic():
             assert fp8.default_fp8_config(m, n, k) == cfg
 
 
-def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write_table(tmp_path, record: dict):
+    """Run scripts/fp8_defaults_from_sweep.py --fresh on `record`; (its result, the generated
+    module's namespace)."""
     import json
     import subprocess
     import sys
-    from pathlib import Path
+
+    src, out = tmp_path / "rec.json", tmp_path / "table.py"
+    src.write_text(json.dumps(record))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "fp8_defaults_from_sweep.py"), str(src),
+                        "--out", str(out), "--fresh"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    ns: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), ns)  # the generated module, read back
+    return r, ns
+
+
+def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
+    import subprocess
+    import sys
     heur8 = fp8.heuristic_fp8_config(8, 2112, 7168)
     heur16 = fp8.heuristic_fp8_config(16, 2112, 7168)
     win = Fp8Config(m_tile=8, tiles=1, warps_k=7, unroll=2, hw=4)
@@ -609,19 +628,11 @@ def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
                                      "all_us": {win.key(): 5.0, heur8.key(): 6.0}},
                                "16": {"best": close.to_dict(), "best_us": 6.95,
                                       "all_us": {close.key(): 6.95, heur16.key(): 7.0}}}}}
-    src = tmp_path / "rec.json"
-    src.write_text(json.dumps(rec))
-    out = tmp_path / "table.py"
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"), str(src),
-                        "--out", str(out), "--fresh"], capture_output=True, text=True, cwd=root)
-    assert r.returncode == 0, r.stderr
-    ns: dict = {}
-    exec(compile(out.read_text(), str(out), "exec"), ns)  # the generated module, read back
+    r, ns = _write_table(tmp_path, rec)
     assert ns["MEASURED"] == {(2112, 7168, 8): win.to_dict()}
     assert "heuristic kept" in r.stdout
-    bad = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"),
-                          str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=root)
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "fp8_defaults_from_sweep.py"),
+                          str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
 
 
@@ -644,10 +655,6 @@ def test_per_tensor_scales_take_their_own_measured_row(monkeypatch):
 def test_defaults_from_a_per_tensor_sweep_fill_their_table(tmp_path):
     """A `--sweep-kinds tensor` record writes MEASURED_TENSOR rows where they beat what per-tensor
     scales ran before (the block-scale default), and leaves MEASURED as it was."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from executors.cute import fp8_defaults
 
@@ -660,14 +667,6 @@ def test_defaults_from_a_per_tensor_sweep_fill_their_table(tmp_path):
                                         "all_us": {win.key(): 12.0, before16.key(): 17.0}},
                                  "8": {"best": before8.to_dict(), "best_us": 11.0,
                                        "all_us": {before8.key(): 11.0}}}}}
-    src = tmp_path / "rec.json"
-    src.write_text(json.dumps(rec))
-    out = tmp_path / "table.py"
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, str(root / "scripts" / "fp8_defaults_from_sweep.py"), str(src),
-                        "--out", str(out), "--fresh"], capture_output=True, text=True, cwd=root)
-    assert r.returncode == 0, r.stderr
-    ns: dict = {}
-    exec(compile(out.read_text(), str(out), "exec"), ns)
+    _r, ns = _write_table(tmp_path, rec)
     assert ns["MEASURED_TENSOR"] == {(n, k, 16): win.to_dict()}  # M <= 8: the default was the best
     assert ns["MEASURED"] == fp8_defaults.MEASURED and ns["SOURCE"] == fp8_defaults.SOURCE
