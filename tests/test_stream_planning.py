@@ -346,3 +346,11 @@ ops:
     assert streams(cp)["y"] != "main"  # was 'no independent work to overlap'
     for r in critical_paths(cp, cfg):
         assert r["scheduled_us"] < r["serial_us"], r
+
+
+def test_streams_1_says_why_it_is_one_stream(tmp_path):
+    cp = compiled(tmp_path, body(SHARED, ROUTER), H, cfg=CompileConfig(num_streams=1, verify_each=True))
+    (d,) = cp.report["assign-streams"]
+    assert "one stream allowed (--streams 1)" in d["decision"], d  # not 'no independent work'
+    cp = compiled(tmp_path / "tiny", "outputs: [y]\nops:\n  - y: gemm(x, w_router)\n", H)
+    assert "no independent work to overlap" in cp.report["assign-streams"][0]["decision"]

@@ -244,10 +244,10 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
                 a = _local_search(cp, nodes, movable, start, streams, [serial[i] for i in probe],
                                   lambda x: rate(x, probe))
                 cands.setdefault(_key(a), a)
-        if len(movable) <= NEIGHBOR_MAX_OPS:
-            # every single move and chain move from serial as a candidate of its own: the greedy
-            # search optimizes the worst ratio to serial and can settle on a small uniform gain
-            # (a 1-op move) where moving one branch gains far more at large sizes
+        if len(movable) <= NEIGHBOR_MAX_OPS and any(_moved(a) for a in cands.values()):
+            # where the searches found any overlap, every single move and chain move from serial is a
+            # candidate of its own: the greedy search optimizes the worst ratio to serial and can
+            # settle on a small uniform gain (a 1-op move) where moving one branch gains far more
             for group in [[v] for v in movable] + _chains(cp, nodes, movable):
                 for st in streams[1:]:
                     a = _views_follow(cp, nodes, {**serial_a, **{v: st for v in group}})
@@ -262,7 +262,7 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
     ok = [k for k in cands if k != pins_only
           and all(r <= s + 1e-9 for r, s in zip(rated[k], serial, strict=True))
           and max(s - r for r, s in zip(rated[k], serial, strict=True)) >= min_gain]
-    info = {"buckets": buckets, "serial_us": [round(s, 2) for s in serial]}
+    info = {"buckets": buckets, "serial_us": [round(s, 2) for s in serial], "streams": len(streams)}
     if ok:
         k = min(ok, key=lambda k: (round(worst_loss(k), 6), sum(rated[k]), _moved(cands[k])))
         chosen, why = cands[k], "chosen"
@@ -491,7 +491,8 @@ def _text(info: dict) -> str:
                 f" {info['variant_serial_us']:.1f} us serial at {_fmt(info['at'])}{pins}")
     bm = info.get("best_multi")
     if bm is None:
-        return f"single stream: no independent work to overlap ({ser[-1]:.1f} us at {_fmt(bk[-1])}){pins}"
+        why = "one stream allowed (--streams 1)" if info["streams"] == 1 else "no independent work to overlap"
+        return f"single stream: {why} ({ser[-1]:.1f} us at {_fmt(bk[-1])}){pins}"
     if bm["worst_us"] > bm["worst_serial_us"] + 1e-9:
         return (f"serial: the best overlap would be {bm['worst_us']:.1f} us vs {bm['worst_serial_us']:.1f} us"
                 f" serial at {_fmt(bm['worst_at'])} (slower than serial at a bucket the scope sees){pins}")
