@@ -30,6 +30,7 @@ from .graph import Compiled, compatible
 from .ops import COLLECTIVES, VIEW_OPS
 from .ordering import Order, happens_before, is_view
 from .predicates import RANK_VARYING
+from .shapes import fmt_dim
 
 __all__ = ["check_hazards", "HazardError"]
 
@@ -309,7 +310,7 @@ def _capture_legal(cp: Compiled) -> None:
         op = d["op"]
         why = None
         if op.op == "gemm" and mentions(cp.tensors[op.b].shape[1]):
-            why = f"gemm {n} sums over {bucketed} (K = {cp.tensors[op.b].shape[1]})"
+            why = f"gemm {n} sums over {bucketed} (K = {fmt_dim(cp.tensors[op.b].shape[1])})"
         elif op.op in ("shard", "reduce_scatter"):
             t = cp.tensors[op.x]
             if mentions(t.shape[op.dim % t.rank]):

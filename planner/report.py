@@ -195,6 +195,8 @@ def to_json(cp: Compiled, cfg) -> dict:
         "allreduce_norm_fusion": cp.report.get("fuse-allreduce-norm"),
         "dce": cp.report.get("dce"),
         "stream_decisions": cp.report.get("assign-streams"),
+        "stream_scopes": cp.report.get("assign-streams:scopes"),  # per scope and bucket
+        "externs_without_cost": _uncosted(cp),
         "critical_path": critical_paths(cp, cfg) if cp.schedule else [],
         "memory": cp.report.get("estimate-memory"),
         "profile": cfg.profile.to_json(),
@@ -202,6 +204,12 @@ def to_json(cp: Compiled, cfg) -> dict:
         "disabled_passes": sorted(cfg.disable_passes),
         "tuning": {"source": getattr(cfg, "tuning_source", ""), "limits": {**cp.plan.tuned, **cfg.tuned}},
     }
+
+
+def _uncosted(cp: Compiled) -> list[str]:
+    """Externs that declare no cost_us: the cost model rates them at 0 us, so the stream planner
+    sees no work to overlap with them."""
+    return [v for v, d in cp.graph.nodes(data=True) if d["op"].op == "extern" and d["op"].cost_us is None]
 
 
 def _tensor(cp, n):
@@ -317,6 +325,10 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if isinstance(ev, dict):
         L.append(f"  events: {ev['events']} record sites, {ev['waits']} waits"
                  f" ({ev['exit_waits']} at exit to join the caller's stream)")
+    free = _uncosted(cp)
+    if free:
+        names = ", ".join(free[:3]) + (f", ... ({len(free)} in all)" if len(free) > 3 else "")
+        L.append(st.yellow(f"  model code without cost_us, rated as free (0 us): {names}"))
 
     if cp.variants:
         L.append("")

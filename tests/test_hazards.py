@@ -159,7 +159,7 @@ ops:
     with pytest.raises(HazardError, match="capture: variant 'graphed'") as ei:
         compile_plan(plan, CompileConfig())  # compile verifies its result
     d = located(ei.value, tmp_path, "gemm(xt, xt)")
-    assert "sums over num_tokens" in d.message
+    assert "sums over num_tokens (K = num_tokens)" in d.message, d.message  # the dim as written, no internal repr
     # the same op outside capture-gated variants is fine
     cp = compiled(tmp_path, "outputs: [s]\nops:\n  - s: gemm(xt, xt)\n", h)
     verify(cp)

@@ -354,3 +354,14 @@ def test_streams_1_says_why_it_is_one_stream(tmp_path):
     assert "one stream allowed (--streams 1)" in d["decision"], d  # not 'no independent work'
     cp = compiled(tmp_path / "tiny", "outputs: [y]\nops:\n  - y: gemm(x, w_router)\n", H)
     assert "no independent work to overlap" in cp.report["assign-streams"][0]["decision"]
+
+
+def test_model_code_without_a_cost_is_named_in_the_report(tmp_path):
+    text = "outputs: [y]\nops:\n  - a: extern(norm, x, shape=[num_tokens, hidden])\n  - y: gemm(a, w_router)\n"
+    cfg = CompileConfig(verify_each=True)
+    cp = compiled(tmp_path, text, H, cfg=cfg)
+    assert "model code without cost_us, rated as free (0 us): a" in to_text(cp, cfg, color=False)
+    assert to_json(cp, cfg)["externs_without_cost"] == ["a"]
+    assert to_json(cp, cfg)["stream_scopes"][0]["buckets"]  # the per-bucket numbers, as docs/planner.md says
+    cp = compiled(tmp_path / "b", text.replace("hidden])", "hidden], cost_us=4)"), H, cfg=cfg)
+    assert "without cost_us" not in to_text(cp, cfg, color=False) and not to_json(cp, cfg)["externs_without_cost"]
