@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import networkx as nx
 
@@ -13,7 +14,7 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
-__all__ = ["allowed_buckets", "possible_buckets", "running_variants", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
+__all__ = ["allowed_buckets", "possible_buckets", "running_variants", "region_groups", "group_label", "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
            "simulate", "simulator", "variant_choice", "issue_order", "graph_shape"]
 
 
@@ -99,6 +100,44 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
             if v.when is not None and _surely(cp, v, b, tuned, gates):
                 return False
     return True
+
+
+MAX_COMBOS = 32  # variant combinations estimated when regions differ (beyond: one name at a time)
+
+
+def region_groups(cp: Compiled) -> list[list[str]]:
+    """Regions grouped when they are alike: names equal up to their numbers (layer indices)
+    and the same variants with the same gates (numbers inside names aside, thresholds not)."""
+    seen: dict[str, list[str]] = {}
+    for rid, vs in cp.variants.items():
+        gates = "|".join(f"{v.name}:{v.when_text}" for v in vs)
+        seen.setdefault(re.sub(r"\d+", "#", rid) + "|" + re.sub(r"(?<=[A-Za-z_])\d+", "#", gates), []).append(rid)
+    return list(seen.values())
+
+
+def group_label(rids: list[str]) -> str:
+    return rids[0] if len(rids) == 1 else f"{rids[0]} (+{len(rids) - 1} alike)"
+
+
+def variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
+    """(label, region -> variant) of every variant combination the estimate covers: one name at
+    a time when all regions are alike (repeated layers take the same variant), else every
+    combination of the groups' variants (up to MAX_COMBOS)."""
+    groups = region_groups(cp)
+    if not groups:
+        return [("(plan)", {})]
+    combos = 1
+    for rids in groups:
+        combos *= len(cp.variants[rids[0]])
+    if len(groups) == 1 or combos > MAX_COMBOS:
+        names = sorted({v.name for vs in cp.variants.values() for v in vs})
+        return [(n, variant_choice(cp, n)) for n in names]
+    out = []
+    for pick in itertools.product(*([v.name for v in cp.variants[rids[0]]] for rids in groups)):
+        choice = {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids}
+        label = ", ".join(f"{group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True))
+        out.append((label, choice))
+    return out
 
 
 def running_variants(cp: Compiled, b: dict, tuned: dict) -> dict[str, str]:

@@ -9,13 +9,19 @@ JSON contract (docs/cli.md): {"plan", "file", "params", "dims", "groups", "strea
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
 import sys
 
-from .analysis import allowed_buckets, possible_buckets, simulator, variant_choice
+from .analysis import (
+    allowed_buckets,
+    group_label,
+    possible_buckets,
+    region_groups,
+    simulator,
+    variant_picks,
+)
 from .cost import CostModel
 from .graph import Compiled, compatible
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
@@ -39,50 +45,12 @@ def _gate_of(cp: Compiled, ctx: tuple) -> str | None:
     return " and ".join(parts)
 
 
-MAX_COMBOS = 32  # variant combinations estimated when regions differ (beyond: one name at a time)
-
-
-def region_groups(cp: Compiled) -> list[list[str]]:
-    """Regions grouped when they are alike: names equal up to their numbers (layer indices)
-    and the same variants with the same gates (numbers inside names aside, thresholds not)."""
-    seen: dict[str, list[str]] = {}
-    for rid, vs in cp.variants.items():
-        gates = "|".join(f"{v.name}:{v.when_text}" for v in vs)
-        seen.setdefault(_norm(rid) + "|" + re.sub(r"(?<=[A-Za-z_])\d+", "#", gates), []).append(rid)
-    return list(seen.values())
-
-
-def _group_label(rids: list[str]) -> str:
-    return rids[0] if len(rids) == 1 else f"{rids[0]} (+{len(rids) - 1} alike)"
-
-
-def _variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
-    """(label, region -> variant) of every variant combination the estimate covers: one name at
-    a time when all regions are alike (repeated layers take the same variant), else every
-    combination of the groups' variants (up to MAX_COMBOS)."""
-    groups = region_groups(cp)
-    if not groups:
-        return [("(plan)", {})]
-    combos = 1
-    for rids in groups:
-        combos *= len(cp.variants[rids[0]])
-    if len(groups) == 1 or combos > MAX_COMBOS:
-        names = sorted({v.name for vs in cp.variants.values() for v in vs})
-        return [(n, variant_choice(cp, n)) for n in names]
-    out = []
-    for pick in itertools.product(*([v.name for v in cp.variants[rids[0]]] for rids in groups)):
-        choice = {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids}
-        label = ", ".join(f"{_group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True))
-        out.append((label, choice))
-    return out
-
-
 def _never_run(cp: Compiled, cfg) -> list[str]:
     """Variants (one name at a time, all regions alike) whose gates hold at no bucket."""
     if len(region_groups(cp)) != 1:
         return []
     tuned = {**cp.plan.tuned, **cfg.tuned}
-    return [label for label, choice in _variant_picks(cp)
+    return [label for label, choice in variant_picks(cp)
             if not possible_buckets(cp, tuple(sorted(choice.items())), tuned)]
 
 
@@ -106,7 +74,7 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
         return out
 
     out = []
-    for label, choice in _variant_picks(cp):
+    for label, choice in variant_picks(cp):
         ctx = tuple(sorted(choice.items()))
         allowed = possible_buckets(cp, ctx, tuned) if choice else allowed_buckets(cp, (), tuned)
         if not allowed:
@@ -335,7 +303,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         L.append(st.bold("Variants") + st.dim("  (tried in order at run time; the last is the fallback)"))
         for rids in region_groups(cp):
             rid = rids[0]
-            L.append(f"  region {_group_label(rids)}:")
+            L.append(f"  region {group_label(rids)}:")
             for v in plan.regions[rid].variants:
                 live = v in cp.variants[rid]
                 gate = v.when_text if v.when is not None else "fallback"

@@ -35,9 +35,10 @@ from ..analysis import (
     allowed_buckets,
     graph_shape,
     issue_order,
+    possible_buckets,
     running_variants,
     simulator,
-    variant_choice,
+    variant_picks,
 )
 from ..cost import CostModel
 from ..graph import Compiled, compatible
@@ -423,15 +424,17 @@ def _list_schedule(cp: Compiled, nodes: list[str], costs: dict, streams: list[st
 # ---------------------------------------------------------------- whole variants
 
 def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinned, moved=None, bw=0.0):
-    """Simulate each plan variant as a whole; a scope whose overlap loses against serial at
-    some bucket goes back to serial (scopes interact on shared streams)."""
-    names = sorted({v.name for vs in cp.variants.values() for v in vs}) or [None]
-    for name in names:
-        choice = variant_choice(cp, name) if name else {}
+    """Simulate each plan variant (combination, analysis.variant_picks) as a whole at the
+    buckets where it runs; a scope whose overlap loses against serial at some bucket goes back
+    to serial (scopes interact on shared streams)."""
+    for label, choice in variant_picks(cp):  # every combination of variants that can run together
         cc = tuple(sorted(choice.items()))
         ctxs = [c for c in scopes if compatible(cc, c)]
         if len(ctxs) < 2:
             continue  # one scope: its own rating was already of the whole variant
+        bks = possible_buckets(cp, cc, tuned) if choice else allowed_buckets(cp, (), tuned)
+        if not bks:
+            continue  # these variants never run (together)
         nodes = {v for c in ctxs for v in scopes[c]}
         order = [v for v in issue if v in nodes]
         shape = graph_shape(cp, order)
@@ -440,7 +443,6 @@ def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinne
             if not multi:
                 break
             bad = None
-            bks = allowed_buckets(cp, cc, tuned) if name else allowed_buckets(cp, (), tuned)
             sim = simulator(cp, order, ev, assign, shape, bw)
             for b in bks if len(order) <= LARGE_SCOPE else bks[-1:]:
                 costs = cost(order, b)
@@ -455,7 +457,7 @@ def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinne
             for v in scopes[c]:
                 assign[v] = pinned.get(v, "main")
             assign.update(_views_follow(cp, scopes[c], {v: assign[v] for v in scopes[c]}))
-            decisions[c].update(mode="variant", at=bad[0], variant=name or "(plan)",
+            decisions[c].update(mode="variant", at=bad[0], variant=label,
                                 variant_us=round(bad[1], 2), variant_serial_us=round(bad[2], 2),
                                 scheduled_us=decisions[c]["serial_us"], moved=0, used=[])
 
