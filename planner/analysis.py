@@ -14,8 +14,9 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
-__all__ = ["allowed_buckets", "possible_buckets", "running_variants", "region_groups", "group_label", "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "op_demand",
-           "simulate", "simulator", "variant_choice", "issue_order", "graph_shape"]
+__all__ = ["allowed_buckets", "possible_buckets", "running_variants", "region_groups", "group_label",
+           "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "per_op", "simulate",
+           "simulator", "variant_choice", "issue_order", "graph_shape"]
 
 
 class _AnyTensor:
@@ -109,7 +110,7 @@ def region_groups(cp: Compiled) -> list[list[str]]:
     """Regions grouped when they are alike: names equal up to their numbers (layer indices)
     and the same variants with the same gates (numbers inside names aside, thresholds not)."""
     seen: dict[str, list[str]] = {}
-    for rid, vs in cp.variants.items():
+    for rid, vs in _variants(cp).items():
         gates = "|".join(f"{v.name}:{v.when_text}" for v in vs)
         seen.setdefault(re.sub(r"\d+", "#", rid) + "|" + re.sub(r"(?<=[A-Za-z_])\d+", "#", gates), []).append(rid)
     return list(seen.values())
@@ -126,14 +127,15 @@ def variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
     groups = region_groups(cp)
     if not groups:
         return [("(plan)", {})]
+    variants = _variants(cp)
     combos = 1
     for rids in groups:
-        combos *= len(cp.variants[rids[0]])
+        combos *= len(variants[rids[0]])
     if len(groups) == 1 or combos > MAX_COMBOS:
-        names = sorted({v.name for vs in cp.variants.values() for v in vs})
+        names = sorted({v.name for vs in variants.values() for v in vs})
         return [(n, variant_choice(cp, n)) for n in names]
     out = []
-    for pick in itertools.product(*([v.name for v in cp.variants[rids[0]]] for rids in groups)):
+    for pick in itertools.product(*([v.name for v in variants[rids[0]]] for rids in groups)):
         choice = {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids}
         label = ", ".join(f"{group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True))
         out.append((label, choice))
@@ -239,11 +241,31 @@ def op_demand(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float
     return {v: model.op_bytes(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
 
 
+def per_op(cp: Compiled, measure):
+    """at(nodes, binding) -> {op: measure(op, tensors, binding)}: model.op_us (time) or model.op_bytes
+    (the HBM traffic ops running at once share); views cost nothing, so the model is skipped for
+    them. Each op is measured once per binding: scopes and the variant check ask again."""
+    t = cp.tensors
+    ops = {v: d["op"] for v, d in cp.graph.nodes(data=True)}
+    memo: dict[tuple, dict] = {}  # binding -> op -> value
+
+    def at(nodes, b):
+        known = memo.setdefault(tuple(b.items()), {})
+        out = {}
+        for v in nodes:
+            x = known.get(v)
+            if x is None:
+                op = ops[v]
+                x = known[v] = 0.0 if op.op in VIEW_OPS else measure(op, t, b)
+            out[v] = x
+        return out
+    return at
+
+
 def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
     """Region -> variant: `name` where the region has it, else the fallback."""
-    variants = getattr(cp, "variants", None) or {r: reg.variants for r, reg in cp.plan.regions.items()}
     out = {}
-    for rid, vs in variants.items():
+    for rid, vs in _variants(cp).items():
         names = [v.name for v in vs]
         out[rid] = name if name in names else names[-1]
     return out

@@ -17,6 +17,7 @@ import sys
 from .analysis import (
     allowed_buckets,
     group_label,
+    per_op,
     possible_buckets,
     region_groups,
     simulator,
@@ -45,39 +46,22 @@ def _gate_of(cp: Compiled, ctx: tuple) -> str | None:
     return " and ".join(parts)
 
 
-def _never_run(cp: Compiled, cfg) -> list[str]:
-    """Variants (one name at a time, all regions alike) whose gates hold at no bucket."""
-    if len(region_groups(cp)) != 1:
-        return []
-    tuned = {**cp.plan.tuned, **cfg.tuned}
-    return [label for label, choice in variant_picks(cp)
-            if not possible_buckets(cp, tuple(sorted(choice.items())), tuned)]
-
-
-def critical_paths(cp: Compiled, cfg) -> list[dict]:
-    """Estimated time per variant (combination) at small, typical and large sizes it can see;
-    combinations that never run together are left out."""
+def _estimates(cp: Compiled, cfg) -> tuple[list[dict], list[str]]:
+    """(critical_paths' rows, the variants whose gates hold at no bucket: named when all regions
+    are alike, one variant name at a time; combinations of differing regions that never run
+    together are just left out)."""
     model = CostModel(cfg.profile, cp.plan.groups)
     tuned = {**cp.plan.tuned, **cfg.tuned}
     g = cp.graph
-    memo: dict[tuple, float] = {}  # (op, bucket) -> us or bytes: the variants share their buckets
-
-    def per_op(measure, order, b):
-        bk = (measure, tuple(b.items()))
-        out = {}
-        for v in order:
-            k = (v, bk)
-            x = memo.get(k)
-            if x is None:
-                x = memo[k] = measure(g.nodes[v]["op"], cp.tensors, b)
-            out[v] = x
-        return out
-
-    out = []
+    us, nbytes = per_op(cp, model.op_us), per_op(cp, model.op_bytes)  # the variants share buckets
+    alike = len(region_groups(cp)) == 1
+    out, never = [], []
     for label, choice in variant_picks(cp):
         ctx = tuple(sorted(choice.items()))
         allowed = possible_buckets(cp, ctx, tuned) if choice else allowed_buckets(cp, (), tuned)
         if not allowed:
+            if alike:
+                never.append(label)
             continue
         picks = []
         for b in (allowed[0], allowed[len(allowed) // 2], allowed[-1]):
@@ -90,13 +74,19 @@ def critical_paths(cp: Compiled, cfg) -> list[dict]:
             order = [v for v in order if fits[ctx_of[v]]]
         sim = simulator(cp, order, cfg.profile.event_us, bytes_per_us=cfg.profile.hbm_gbps * 1e3)
         for b in picks:
-            costs = per_op(model.op_us, order, b)
-            demand = per_op(model.op_bytes, order, b) if cfg.share_bandwidth else None
+            costs = us(order, b)
+            demand = nbytes(order, b) if cfg.share_bandwidth else None
             span, finish = sim(costs, demand)
             serial = sum(costs[v] for v in finish)
             out.append({"variant": label, "bindings": b, "scheduled_us": round(span, 2),
                         "serial_us": round(serial, 2)})
-    return out
+    return out, never
+
+
+def critical_paths(cp: Compiled, cfg) -> list[dict]:
+    """Estimated time per variant (combination) at small, typical and large sizes it can see;
+    combinations that never run together are left out."""
+    return _estimates(cp, cfg)[0]
 
 
 def op_cost_table(cp: Compiled, cfg) -> dict[str, tuple[float, dict]]:
@@ -314,8 +304,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     L.append(st.bold("Schedule") + st.dim("  (issue order; ops of one region shown once when regions repeat)"))
     L += _schedule_lines(cp, st, full)
 
-    cps = critical_paths(cp, cfg) if cp.schedule else []
-    never = _never_run(cp, cfg) if cp.schedule else []
+    cps, never = _estimates(cp, cfg) if cp.schedule else ([], [])
     if cps or never:
         L.append("")
         L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name})"))

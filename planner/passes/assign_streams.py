@@ -35,6 +35,7 @@ from ..analysis import (
     allowed_buckets,
     graph_shape,
     issue_order,
+    per_op,
     possible_buckets,
     running_variants,
     simulator,
@@ -88,9 +89,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     tuned = {**cp.plan.tuned, **cfg.tuned}
     ev = cfg.profile.event_us
     order = issue_order(cp)
-    cost = _per_op(cp, model.op_us)
+    cost = per_op(cp, model.op_us)
     bw = cfg.profile.hbm_gbps * 1e3 if cfg.share_bandwidth else 0.0  # bytes per us
-    moved = _per_op(cp, model.op_bytes) if bw > 0 else None
+    moved = per_op(cp, model.op_bytes) if bw > 0 else None
     scopes: dict[tuple, list[str]] = {}
     for v in order:
         scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
@@ -98,24 +99,17 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     decisions: dict[tuple, dict] = {}
     planned: dict[tuple, tuple] = {}  # scope signature -> (its nodes, assignment, decision)
     # regions first: the always-running scope is then planned beside their decided streams
-    for ctx, nodes in sorted(scopes.items(), key=lambda kv: not kv[0]):
-        own = nodes
+    for ctx, own in sorted(scopes.items(), key=lambda kv: not kv[0]):
         buckets = allowed_buckets(cp, ctx, tuned)
-        if len(nodes) > LARGE_SCOPE:
+        if len(own) > LARGE_SCOPE:
             buckets = buckets[-1:]  # compile time: the largest size only
-        scope_pins = pinned
+        nodes, scope_pins = own, pinned
         if not ctx:  # ops outside regions may overlap the regions' work: rate them beside it
-            nodes, scope_pins, region_ops = _with_regions(cp, order, scopes, nodes, pinned, assign)
+            nodes, scope_pins = _with_regions(cp, order, scopes, own, pinned, assign)
         costs = [cost(nodes, b) for b in buckets]
         demand = [moved(nodes, b) for b in buckets] if moved else None
         if nodes is not own:
-            for i, b in enumerate(buckets):  # a region's ops cost nothing where another variant runs
-                runs = running_variants(cp, b, tuned)
-                for v in region_ops:
-                    if any(runs.get(r) != name for r, name in g.nodes[v]["ctx"]):
-                        costs[i][v] = 0.0
-                        if demand:
-                            demand[i][v] = 0.0
+            _idle_variants_free(cp, set(own), nodes, buckets, costs, demand, tuned)
         sig = _signature(g, nodes, buckets, costs, demand, scope_pins)
         if sig in planned:  # a repeated layer: the same decision, position by position
             first, a0, info0 = planned[sig]
@@ -125,18 +119,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             a, info = _plan_scope(cp, nodes, costs, buckets, streams, scope_pins, ev, cfg.min_gain_us, demand, bw)
             planned[sig] = (nodes, a, info)
         if nodes is not own:
-            # a region's selects (views of every variant's result) stay where a plan of the scope
-            # alone puts them; the first variant's stream is no better a guess than main
-            a = {**a, **{v: s for v, s in _views_follow(cp, own, {v: a[v] for v in own}).items()
-                         if v in own and not any(u in set(own) for u in g.predecessors(v))}}
+            a, info = _own_part(cp, own, a, info, pinned)
         assign.update({v: a[v] for v in own})
-        if nodes is not own:  # what the scope itself moved and pinned, not the regions' ops
-            real = [v for v in own if g.nodes[v]["op"].op not in VIEW_OPS]
-            if info["mode"] == "pinned" and not any(pinned.get(v, "main") != "main" for v in own):
-                info = {**info, "mode": "serial"}  # only the regions' own choices were off main
-            info = {**info, "pinned": sum(1 for v in own if v in pinned),
-                    "moved": sum(1 for v in real if a[v] != "main"),
-                    "used": sorted({a[v] for v in real if a[v] != "main"})}
         decisions[ctx] = info
     decisions = {c: decisions[c] for c in scopes}  # the report lists scopes in plan order
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
@@ -160,14 +144,47 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
 def _with_regions(cp, order, scopes, nodes, pinned, decided):
     """The always-running scope's ops together with every region's ops, the latter fixed on the
     streams their own scopes chose (`decided`), so independent work outside a region can go
-    beside a long region (routed experts in a gated MoE block). Unchanged when the plan has no
-    regions or too many region ops to rate (repeated layers)."""
+    beside a long region (routed experts in a gated MoE block): (nodes, pins). Unchanged when the
+    plan has no regions or too many region ops to rate (repeated layers)."""
     region_ops = [v for c, vs in scopes.items() if c for v in vs]
     if not region_ops or len(nodes) + len(region_ops) > SEARCH_MAX_OPS * 4:
-        return nodes, pinned, []
+        return nodes, pinned
     keep = set(nodes) | set(region_ops)
     ext = [v for v in order if v in keep]
-    return ext, {**pinned, **{v: decided.get(v, pinned.get(v, "main")) for v in region_ops}}, region_ops
+    return ext, {**pinned, **{v: decided.get(v, pinned.get(v, "main")) for v in region_ops}}
+
+
+def _idle_variants_free(cp, own: set, nodes, buckets, costs, demand, tuned):
+    """In place: a region op (in nodes, not in own) costs nothing at a bucket where another
+    variant of its region takes the call."""
+    g = cp.graph
+    for i, b in enumerate(buckets):
+        runs = running_variants(cp, b, tuned)
+        for v in nodes:
+            if v not in own and any(runs.get(r) != name for r, name in g.nodes[v]["ctx"]):
+                costs[i][v] = 0.0
+                if demand:
+                    demand[i][v] = 0.0
+
+
+def _own_part(cp, own, a, info, pinned):
+    """The assignment and the decision of a scope planned beside the regions' ops, restricted to
+    the scope's own ops: a region's selects (views of every variant's result) stay on main, where
+    a plan of the scope alone puts them; moved / used / pinned count the scope's own ops."""
+    g = cp.graph
+    inside = set(own)
+    a = dict(a)
+    for v in own:
+        d = g.nodes[v]
+        if d["op"].op in VIEW_OPS and not d["op"].stream and not any(u in inside for u in g.predecessors(v)):
+            a[v] = "main"
+    real = [v for v in own if g.nodes[v]["op"].op not in VIEW_OPS]
+    info = {**info, "pinned": sum(1 for v in own if v in pinned),
+            "moved": sum(1 for v in real if a[v] != "main"),
+            "used": sorted({a[v] for v in real if a[v] != "main"})}
+    if info["mode"] == "pinned" and not any(pinned.get(v, "main") != "main" for v in own):
+        info["mode"] = "serial"  # only the regions' own choices were off main
+    return a, info
 
 
 def _signature(g, nodes, buckets, costs, demand, pinned) -> tuple:
@@ -181,27 +198,6 @@ def _signature(g, nodes, buckets, costs, demand, pinned) -> tuple:
                      tuple(index[u] for u in g.predecessors(v) if u in index),
                      tuple(c[v] for c in costs), tuple(d[v] for d in demand) if demand else None))
     return tuple(tuple(sorted(b.items())) for b in buckets), tuple(rows)
-
-
-def _per_op(cp, measure):
-    """at(nodes, binding) -> {op: measure(op, tensors, binding)}: model.op_us (time) or model.op_bytes
-    (the HBM traffic ops running at once share); views cost nothing, so the model is skipped for
-    them. Each op is measured once per binding: scopes and the variant check ask again."""
-    t = cp.tensors
-    ops = {v: d["op"] for v, d in cp.graph.nodes(data=True)}
-    memo: dict[tuple, dict] = {}  # binding -> op -> value
-
-    def at(nodes, b):
-        known = memo.setdefault(tuple(b.items()), {})
-        out = {}
-        for v in nodes:
-            x = known.get(v)
-            if x is None:
-                op = ops[v]
-                x = known[v] = 0.0 if op.op in VIEW_OPS else measure(op, t, b)
-            out[v] = x
-        return out
-    return at
 
 
 # ---------------------------------------------------------------- one scope
