@@ -79,7 +79,8 @@ def test_run_sets_any_dim(tmp_path, capsys):
     assert r0["variants"] == {"r": "few_seqs"}
     assert {o["name"]: o["shape"] for o in r0["outputs"]} == {"y": [5, 16], "z": [3, 16]}
     for bad, words in ((["--dim", "num_sqs=3"], "did you mean 'num_seqs'"), (["--dim", "num_seqs=x"], "NAME=INTEGER"),
-                       (["--dim", "num_seqs=100"], "outside 1..64"),
+                       (["--dim", "num_seqs=100"], "--dim num_seqs 100 is outside 1..64"),
+                       (["--num-tokens", "100"], "--num-tokens 100 is outside 1..64"),
                        (["--dim", "num_tokens=4", "--num-tokens", "5"], "disagree")):
         assert main(["run", str(p), *bad]) == 2
         err = capsys.readouterr().err

@@ -57,8 +57,8 @@ def pick_dims(plan, num_tokens: int | None, seed: int, dims: dict | None = None)
             raise PlanError.at(None, "name", f"--dim {name}: the plan has no dim '{name}'"
                                f" (dims: {', '.join(plan.dims) or 'none'})", did_you_mean(name, list(plan.dims)))
         if not d.lo <= v <= d.hi:
-            flag = "--num-tokens" if name == "num_tokens" and num_tokens is not None else f"--dim {name}="
-            raise PlanError.at(None, "param", f"{flag}{'' if flag.endswith('=') else ' '}{v} is outside {d.lo}..{d.hi}")
+            flag = "--num-tokens" if name == "num_tokens" else f"--dim {name}"  # the CLI takes both alike
+            raise PlanError.at(None, "param", f"{flag} {v} is outside {d.lo}..{d.hi}")
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name, d in plan.dims.items():
