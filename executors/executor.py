@@ -44,7 +44,8 @@ class Executor:
 
     check_dims = False  # build_executor(check_dims=True) / PLANNER_AGREE_DIMS=1: ranks agree on each call's dims
 
-    def __init__(self, cp, steps, gates, solver, comms, device, weights, tuned, events, exit_waits, trace):
+    def __init__(self, cp, steps, gates, solver, comms, device, weights, tuned, events, exit_waits, trace,
+                 pieces=()):
         self.compiled = cp
         self.plan = cp.plan
         self._steps = steps
@@ -82,7 +83,11 @@ class Executor:
         # waits on every variant's producer of a region output); anything else is a planner bug
         g = cp.graph
         self._rec_guard = {e: tuple(tuple(x) for x in g.nodes[i["op"]]["ctx"])
-                           for e, i in cp.events.items() if i.get("op") in g}
+                           for evs in [cp.events] + [p[5] for p in pieces] for e, i in evs.items() if i.get("op") in g}
+        # per-range stream plans (planner/passes/bucket_plans.py): (dim, lo, hi, steps, exit waits)
+        self._pieces = [p[:5] for p in pieces]
+        self.forced_piece: int | None = None  # a range run regardless of the call's dims (checks)
+        self.last_piece: int | None = None
 
     # ------------------------------------------------------------ facts and variants
 
@@ -153,6 +158,11 @@ class Executor:
             from .agreement import agree_on_dims
             agree_on_dims(self.plan.name, b, self._comms)
         gates = self._gates
+        steps, exit_waits = self._steps, self._exit_waits
+        if self._pieces:
+            i = self.forced_piece if self.forced_piece is not None else self.piece_of(b)
+            steps, exit_waits = self._pieces[i][3], self._pieces[i][4]
+            self.last_piece = i
         chosen: dict[str, str] = dict(self.forced)
         cuda = self._cuda
         tracing = self._tracing
@@ -164,7 +174,7 @@ class Executor:
             started: dict[str, object] = {}
             ev = self._events
             ev["entry"].record(main)
-        for st in self._steps:
+        for st in steps:
             if st.guard:
                 skip = False
                 for r, v in st.guard:
@@ -226,11 +236,11 @@ class Executor:
                     out.copy_(res)
                     res = out
                 env[st.outs[0]] = res
-        for e in self._exit_waits:
+        for e in exit_waits:
             if e not in recorded:
                 self._unrecorded("exit", e, chosen)
         if cuda:
-            self._join(main, started, recorded)
+            self._join(main, started, recorded, exit_waits)
         if len(chosen) < len(gates):
             # a region none of whose steps this path met (all pruned, or every op of it dead code)
             # still reports the variant its gate picks
@@ -275,15 +285,37 @@ class Executor:
             recs.append((st, e0, e1))
         return res
 
-    def _join(self, main, started, recorded):
+    def piece_of(self, b: dict) -> int:
+        """The per-range stream plan a call with dims `b` runs."""
+        for i, (d, lo, hi, _, _) in enumerate(self._pieces):
+            if lo <= b[d] <= hi:
+                return i
+        raise RuntimeError(f"internal error: {self._pieces[0][0]}={b[self._pieces[0][0]]} is in no stream plan's range")
+
+    def every_step(self) -> list:
+        """The lowered steps of the plan and of every per-range stream plan (each object once)."""
+        seen, out = set(), []
+        for steps in [self._steps] + [p[3] for p in self._pieces]:
+            for st in steps:
+                if id(st) not in seen:
+                    seen.add(id(st))
+                    out.append(st)
+        return out
+
+    @property
+    def pieces(self) -> list[tuple]:
+        """[(dim, lo, hi)] of the per-range stream plans ([] when one plan serves every size)."""
+        return [p[:3] for p in self._pieces]
+
+    def _join(self, main, started, recorded, exit_waits):
         ev = self._events
-        for e in self._exit_waits:
+        for e in exit_waits:
             if e in recorded:
                 main.wait_event(ev[e])
         # any side stream whose last op this call is not covered by an exit wait joins here too,
         # so the main stream (and a capture) never returns with work forked and unjoined
         for name, st in started.items():
-            if name == MAIN or any(e in self._exit_waits for e in st.records):
+            if name == MAIN or any(e in exit_waits for e in st.records):
                 continue
             tail = ev.setdefault(f"tail:{name}", torch.cuda.Event())
             tail.record(side_stream(name, self.device))

@@ -147,17 +147,19 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     dev_weights = {k: weights[k] for k in plan.weights}
     bctx = _BuildCtx(cp, device, comms, externs, dev_weights, weights.layouts)
     steps = _lower_steps(cp, bctx, device, backend_prefs, tuning_data, weights.layouts)
+    pieces = bucket_steps(cp, steps)
     events = {}
     if device.type == "cuda":
         with torch.cuda.device(device):
             # create the cuBLAS handle now: a first torch.mm inside someone's graph capture
             # (e.g. a variant only captures take) would try to create it there and fail
             torch.cuda.current_blas_handle()
-            events = {e: torch.cuda.Event() for e in cp.events}
+            names = set(cp.events).union(*(set(p[5]) for p in pieces))
+            events = {e: torch.cuda.Event() for e in sorted(names)}
             events["entry"] = torch.cuda.Event()
     solver = DimSolver(plan, plan.inputs)
     ex = Executor(cp, steps, compile_regions(cp), solver, comms, device, dev_weights, tuned, events,
-                  list(getattr(cp, "exit_waits", []) or []), trace)
+                  list(getattr(cp, "exit_waits", []) or []), trace, pieces=pieces)
     ex.tuning_source = tuning_source  # which tuning applied (a file, planner/tuned/..., or none and why)
     ex.weight_layouts = dict(weights.layouts)
     ex.prepacked_bytes = {}  # bytes kept beyond the weights: none (the prepared tensor is the only copy)
@@ -171,11 +173,6 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
 def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Step]:
     g = cp.graph
     table, keyed = gemm_table(tuning or {}), keyed_table(tuning or {})
-    consumers: dict[str, set] = {}
-    for v in cp.schedule:
-        for n in g.nodes[v]["op"].inputs():
-            consumers.setdefault(n, set()).add(g.nodes[v]["stream"])
-    outputs = set(cp.plan.outputs)
     steps = []
     for v in cp.schedule:
         d = g.nodes[v]
@@ -184,9 +181,6 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
         st.id, st.kind = v, op.op
         st.ins, st.outs = tuple(op.inputs()), tuple(op.out)
         st.guard = tuple(tuple(x) for x in d.get("ctx", ()))
-        st.stream = d.get("stream") or MAIN
-        st.waits = tuple(d.get("waits") or ())
-        st.records = tuple(d.get("records") or ())
         st.slot = st.packed_out = st.select = None
         st.backend = None
         slot = d.get("out_slot")
@@ -223,6 +217,26 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
                     got = tuned_allreduce_norm(op, bctx, tuning or {})
                 if got is not None:
                     st.run, st.backend = got
+        steps.append(st)
+    _stream_fields(cp, steps)
+    return steps
+
+
+def _stream_fields(cp, steps) -> None:
+    """In place: each step's stream, waits, records and the streams its results are used on
+    (record_stream), from cp's assignment and events."""
+    g = cp.graph
+    consumers: dict[str, set] = {}
+    for v in cp.schedule:
+        for n in g.nodes[v]["op"].inputs():
+            consumers.setdefault(n, set()).add(g.nodes[v]["stream"])
+    outputs = set(cp.plan.outputs)
+    for st in steps:
+        d = g.nodes[st.id]
+        op = d["op"]
+        st.stream = d.get("stream") or MAIN
+        st.waits = tuple(d.get("waits") or ())
+        st.records = tuple(d.get("records") or ())
         # streams that read what this op makes (through views too) + main, for record_stream
         rs = set()
         for n in op.out:
@@ -236,5 +250,21 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
         st.rs_streams = tuple(sorted(rs))
         if op.op != "select" and set(op.out) & outputs and st.stream != MAIN:
             st.rs_streams = tuple(sorted(set(st.rs_streams) | {MAIN}))
-        steps.append(st)
-    return steps
+
+
+def bucket_steps(cp, steps) -> list:
+    """[(dim, lo, hi, steps, exit_waits, events of the range)] of the plan's per-range stream plans
+    (planner/passes/bucket_plans.py): the same lowered ops, with each range's streams and events;
+    [] when one plan serves every size."""
+    import copy
+    out = []
+    for p in cp.bucket_plans:
+        own = p.get("cp")
+        if own is None:
+            out.append((p["dim"], p["lo"], p["hi"], steps, list(cp.exit_waits), cp.events))
+            continue
+        by_id = {st.id: st for st in steps}
+        mine = [copy.copy(by_id[v]) for v in own.schedule]
+        _stream_fields(own, mine)
+        out.append((p["dim"], p["lo"], p["hi"], mine, list(own.exit_waits), own.events))
+    return out

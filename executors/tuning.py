@@ -175,7 +175,7 @@ def apply_tuning(ex, tuning) -> int:
     params, g = ex.plan.params, ex.compiled.graph
     bctx = SimpleNamespace(specs=ex._specs, params=params, device=ex.device)
     count = 0
-    for st in ex._steps:
+    for st in ex.every_step():  # per-range stream plans hold copies of the steps: rewire them too
         if st.run is None or st.kind == "gemm_chain":  # a gemm_chain keeps its fused kernel
             continue
         op = g.nodes[st.id]["op"]

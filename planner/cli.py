@@ -156,6 +156,10 @@ def _add_tune_bench(sub) -> None:
     t.add_argument("--no-flashinfer", action="store_true", help="do not time FlashInfer backends")
     t.add_argument("--no-refine", action="store_true",
                    help="keep the standalone winners (no end-to-end switch to the second choice per variant)")
+    t.add_argument("--externs", metavar="MODULE:NAME",
+                   help="the model code's implementations (a dict, or a function returning one, of extern name ->"
+                        " callable); each extern site is then timed per bucket and its measured time replaces"
+                        " cost_us in the cost model")
     t.add_argument("--budget-s", type=float, default=None,
                    help="after this many seconds, remaining shapes time only torch and the default config")
     t.set_defaults(handler="executors.tools.commands:cmd_tune")

@@ -13,7 +13,7 @@ from .errors import PlanError
 from .lang.loader import load_plan, parse_overrides
 from .tuning import DEFAULT_DEVICE, check_limits, gemm_shapes, match_tuning, read_tuning
 
-__all__ = ["cmd_validate", "cmd_compile", "config_from_args", "verify_failure"]
+__all__ = ["cmd_validate", "cmd_compile", "config_from_args", "tuned_config", "verify_failure"]
 
 
 def verify_failure(exc) -> str:
@@ -38,6 +38,21 @@ def resolve_compile_tuning(args, plan) -> tuple[dict, str]:
         return {}, "none (--device-name none): plan defaults"
     data, source = match_tuning(device, plan.tuned, gemm_shapes(plan))
     return (data or {}), source
+
+
+def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE, **kw) -> CompileConfig:
+    """The CompileConfig `planner compile` uses for a plan: the cost model reads the tuning's
+    measured times and the gates its limits; tuning None: the shipped tuning matching `device`
+    and the plan (planner/tuned/), if any. kw: other CompileConfig fields (num_streams, ...)."""
+    source = "tuning= (given)"
+    if tuning is None:
+        data, source = match_tuning(device, plan.tuned, gemm_shapes(plan))
+        tuning = data or {}
+    profile = kw.pop("profile", None) or DeviceProfile()
+    if tuning.get("measured"):
+        profile.measured = {k: v for k, v in tuning["measured"].items() if isinstance(v, (int, float))}
+    return CompileConfig(profile=profile, tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},
+                         tuning_source=source, **kw)
 
 
 def config_from_args(args, plan=None) -> CompileConfig:

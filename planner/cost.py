@@ -82,7 +82,7 @@ def default_strided_write_factor() -> float:
     return 1.05 if has_cutlass else 1.83
 
 
-def op_signature(op, specs_in, bindings) -> str:
+def op_signature(op, specs_in, bindings, specs_out=None) -> str:
     """A key that identifies an op's work at given dims, used by tuning files.
 
     The one format: KIND:DTYPE:M=<rows>,<rest>, where M is the row count of the first input
@@ -92,6 +92,8 @@ def op_signature(op, specs_in, bindings) -> str:
       rmsnorm:bf16:M=16,N=7168                silu_and_mul:bf16:M=16,N=2304 (input width)
       add_rmsnorm:bf16:M=16,N=7168,inplace=1  quantize:bf16:M=16,N=7168,to=fp8_e4m3,g=128
       rope:bf16:M=16,q=16x64,k=1x64,il=1      (heads x rotary dim; il = interleaved)
+      extern:rmsnorm:M=16,bf16[16x1536],bf16[1536]->bf16[16x1536]   (model code: its function
+                                              name, inputs and results; `planner tune --externs`)
     Other kinds: KIND:dtype[dims],dtype[dims] of their inputs."""
     dims = lambda s: "x".join(str(eval_int(d, bindings)) for d in s.shape)  # noqa: E731
     k = op.op
@@ -117,6 +119,10 @@ def op_signature(op, specs_in, bindings) -> str:
         q, kk = specs_in[:2]
         hd = lambda s: "x".join(str(eval_int(d, bindings)) for d in (s.shape[1:] if s.rank == 3 else (1, s.shape[1])))  # noqa: E731
         return f"rope:{q.dtype}:M={m},q={hd(q)},k={hd(kk)},il={int(op.interleave)}"
+    if k == "extern":
+        args = ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_in)
+        res = "->" + ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_out) if specs_out else ""
+        return f"extern:{op.fn}:M={m},{args}{res}"
     return f"{k}:" + ",".join(f"{s.dtype}[{dims(s)}]" for s in specs_in)
 
 
@@ -174,7 +180,7 @@ class CostModel:
         outs = [tensors[n] for n in op.out if n in tensors]
         if p.measured and op.op in self._measured_kinds:
             # a gemm_chain's own signature is looked up only where some time is measured under it
-            hit = p.measured.get(op_signature(op, ins, bindings)) if op.op in self._signed_kinds else None
+            hit = p.measured.get(op_signature(op, ins, bindings, outs)) if op.op in self._signed_kinds else None
             if hit is not None:
                 return float(hit)
             if op.op == "gemm_chain":  # both GEMMs measured: their sum bounds the fused op

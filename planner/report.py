@@ -3,7 +3,8 @@
 JSON contract (docs/cli.md): {"plan", "file", "params", "dims", "groups", "streams",
 "ops": [{"id", "op", "stream", "inputs", "outputs", "shapes", "waits_on", "records",
 "fused_from", "when", "region", "variant", "cost_us", "cost_at", "attrs"}], "variants": [...],
-"events", "exit_waits", "fusion", "stream_decisions", "critical_path", "memory",
+"events", "exit_waits", "fusion", "stream_decisions", "stream_scopes", "bucket_plans",
+"critical_path", "memory",
 "passes"}. Keys are emitted in a fixed order; same plan, same bytes.
 """
 
@@ -25,6 +26,7 @@ from .analysis import (
 )
 from .cost import CostModel
 from .graph import Compiled, compatible
+from .ops import VIEW_OPS as _VIEWS
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
 from .shapes import fmt_dim, fmt_shape
 
@@ -154,6 +156,7 @@ def to_json(cp: Compiled, cfg) -> dict:
         "dce": cp.report.get("dce"),
         "stream_decisions": cp.report.get("assign-streams"),
         "stream_scopes": cp.report.get("assign-streams:scopes"),  # per scope and bucket
+        "bucket_plans": bucket_plans_json(cp),  # per-range stream plans; [] when one assignment serves all
         "externs_without_cost": _uncosted(cp),
         "critical_path": critical_paths(cp, cfg) if cp.schedule else [],
         "memory": cp.report.get("estimate-memory"),
@@ -162,6 +165,41 @@ def to_json(cp: Compiled, cfg) -> dict:
         "disabled_passes": sorted(cfg.disable_passes),
         "tuning": {"source": getattr(cfg, "tuning_source", ""), "limits": {**cp.plan.tuned, **cfg.tuned}},
     }
+
+
+def _bucket_plan_lines(cp: Compiled, st) -> list[str]:
+    """The per-range stream plans (passes/bucket_plans.py), one line per range."""
+    if not cp.bucket_plans:
+        return []
+    L = [f"  planned per bucket: {len(cp.bucket_plans)} ranges of {cp.bucket_plans[0]['dim']}, each call runs the"
+         f" plan of its range"]
+    for p in cp.bucket_plans:
+        rng = f"{p['dim']} {p['lo']}..{p['hi']}"
+        if p.get("cp") is None:
+            L.append(f"    {rng}: the assignment above")
+            continue
+        side = sorted(v for v, s in p["streams"].items() if s != "main" and cp.op(v).op not in _VIEWS)
+        on = ", ".join(side) + " on " + ", ".join(sorted({p["streams"][v] for v in side})) if side else "all on main"
+        i = max(range(len(p["buckets"])), key=lambda j: p["single_us"][j] - p["scheduled_us"][j])
+        ev = p["cp"].report.get("derive-events") or {}
+        L.append(f"    {rng}: {st.green(on)}: scheduled {p['scheduled_us'][i]:.1f} us vs {p['single_us'][i]:.1f} us"
+                 f" with the assignment above at {p['dim']}={p['buckets'][i]}; {ev.get('events', 0)} record sites,"
+                 f" {ev.get('waits', 0)} waits")
+    return L
+
+
+def bucket_plans_json(cp: Compiled) -> list[dict]:
+    out = []
+    for p in cp.bucket_plans:
+        own = p.get("cp")
+        out.append({"dim": p["dim"], "min": p["lo"], "max": p["hi"], "buckets": p["buckets"],
+                    "scheduled_us": p["scheduled_us"], "single_choice_us": p["single_us"],
+                    "streams": None if own is None else {v: p["streams"][v] for v in sorted(p["streams"])},
+                    "events": None if own is None else {k: own.events[k] for k in sorted(own.events)},
+                    "waits": None if own is None else {v: list(own.graph.nodes[v]["waits"]) for v in own.schedule
+                                                       if own.graph.nodes[v]["waits"]},
+                    "exit_waits": None if own is None else list(own.exit_waits)})
+    return out
 
 
 def _uncosted(cp: Compiled) -> list[str]:
@@ -283,6 +321,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if isinstance(ev, dict):
         L.append(f"  events: {ev['events']} record sites, {ev['waits']} waits"
                  f" ({ev['exit_waits']} at exit to join the caller's stream)")
+    L += _bucket_plan_lines(cp, st)
     free = _uncosted(cp)
     if free:
         names = ", ".join(free[:3]) + (f", ... ({len(free)} in all)" if len(free) > 3 else "")
@@ -307,7 +346,9 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     cps, never = _estimates(cp, cfg) if cp.schedule else ([], [])
     if cps or never:
         L.append("")
-        L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name})"))
+        nm = len(cfg.profile.measured or {})
+        measured = f", {nm} measured op times from the tuning" if nm else ""
+        L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name}{measured})"))
         dims = [", ".join(f"{k}={v}" for k, v in r["bindings"].items()) or "-" for r in cps]
         wv = max([16] + [len(r["variant"]) + 2 for r in cps])
         wd = max([22] + [len(d) + 2 for d in dims])  # several gated dims make longer bindings
@@ -315,6 +356,12 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         for r, b in zip(cps, dims, strict=True):
             gain = r["serial_us"] / r["scheduled_us"] if r["scheduled_us"] else 1.0
             L.append(f"  {r['variant']:<{wv}}{b:<{wd}}{r['serial_us']:>12.1f}{r['scheduled_us']:>15.1f}{gain:>7.2f}x")
+            for p in cp.bucket_plans:  # the rows are of the single assignment; a range planned apart says so
+                d = p["dim"]
+                if p.get("cp") is not None and d in r["bindings"] and r["bindings"][d] in p["buckets"]:
+                    us = p["scheduled_us"][p["buckets"].index(r["bindings"][d])]
+                    L.append(st.dim(f"  {'':<{wv}}{'':<{wd}}{'':>12}{us:>15.1f}{r['serial_us'] / us:>7.2f}x"
+                                    f"  its own stream plan ({d} {p['lo']}..{p['hi']})"))
         for name in never:
             L.append(st.dim(f"  {name}: its gate holds at no size the dims allow (with these tuned limits)"))
 

@@ -59,6 +59,12 @@ def verify(cp: Compiled) -> Order | None:
     _verify_shapes(cp)
     order = _verify_schedule(cp, events="derive-events" in cp.passes_run) if cp.schedule else None
     check_hazards(cp, order)  # cross-stream buffer hazards, collective order, capture legality (planner.hazards)
+    for p in cp.bucket_plans:  # each range's own stream plan (passes/bucket_plans.py) is proven the same way
+        if p.get("cp") is not None:
+            try:
+                verify(p["cp"])
+            except VerifyError as exc:
+                raise VerifyError(f"the stream plan of {p['dim']} {p['lo']}..{p['hi']}: {exc}") from None
     return order
 
 

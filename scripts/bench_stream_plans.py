@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import random
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from executors import build_executor
 from executors.tools.bench import close_report, env_info, log, parse_tokens, write_report
 from executors.tools.externs import model_externs, rmsnorm, rope, routed_experts, silu_and_mul
 from executors.tools.tune import time_graphs
-from planner.config import CompileConfig
+from planner.commands import tuned_config
 from planner.lang.loader import load_plan
 from planner.ops import COLLECTIVES, VIEW_OPS
 from planner.pipeline import compile_plan
@@ -49,6 +50,7 @@ DRY = {"mla": {"hidden": 64, "q_lora_rank": 32, "kv_lora_rank": 16, "rope_dim": 
                "tp_size": 2, "max_positions": 64},
        "moe": {"hidden": 64, "experts": 16, "tp_size": 8}}
 NSETS = 4
+DEVICE = torch.cuda.get_device_name() if torch.cuda.is_available() else "NVIDIA H200"
 
 
 def movable(plan) -> list[str]:
@@ -70,7 +72,9 @@ def compile_path(name: str, over: dict, pins: dict | None, serial: bool):
     for o in plan.ops:
         if pins is not None and o.id in pins:
             o.stream = pins[o.id]
-    cp = compile_plan(plan, CompileConfig(num_streams=1 if serial else 2))
+    # as `planner compile`: the shipped tuning for this device's plan, if any, rates the streams
+    # (measured GEMM and model-code times per bucket) and may plan ranges of num_tokens apart
+    cp = compile_plan(plan, tuned_config(plan, device=DEVICE, num_streams=1 if serial else 2))
     return plan, cp
 
 
@@ -152,8 +156,20 @@ def bench_plan(name: str, over: dict, tokens: list | None, iters: int, trials: i
                           if paths["compiled"][1].graph.nodes[v]["stream"] != "main")
     log(f"{name}: {len(paths)} paths; compiled puts on aux: {compiled_aux or 'nothing'}; {decision}")
     movable_ids = movable(plan0)
-    on_aux = [v for v in movable_ids if v in compiled_aux]  # in pin_sets' order, so the labels match
-    twin = label({v: "aux" for v in on_aux}) if on_aux else "serial"
+    ccp = paths["compiled"][1]
+    if ccp.bucket_plans:
+        log(f"{name}: planned per bucket: " + "; ".join(
+            f"{p['dim']} {p['lo']}..{p['hi']}: " + (", ".join(sorted(v for v in movable_ids if p["streams"][v] != "main"))
+                                                    if p["streams"] else "as above") for p in ccp.bucket_plans))
+
+    def twin_at(m):
+        """The hand-pinned path with the assignment the compiled plan runs at m tokens."""
+        streams = {v: ccp.graph.nodes[v]["stream"] for v in ccp.graph.nodes}
+        for p in ccp.bucket_plans:
+            if p["lo"] <= m <= p["hi"] and p["streams"]:
+                streams = p["streams"]
+        on_aux = [v for v in movable_ids if streams[v] != "main"]  # in pin_sets' order, so the labels match
+        return label({v: "aux" for v in on_aux}) if on_aux else "serial"
     exs = {p: [build_executor(cp, weights[k], device=dev, externs=model_externs()) for k in range(NSETS)]
            for p, (_, cp) in paths.items()}
     rows = []
@@ -171,10 +187,14 @@ def bench_plan(name: str, over: dict, tokens: list | None, iters: int, trials: i
             log(f"{name} M={m}: WRONG RESULTS: {bad[:3]}")
             rows.append({"plan": name, "tokens": m, "ok": False})
             continue
-        fns = {p: (lambda i, e=e, ins=ins: e[i % NSETS](**ins)) for p, e in exs.items()}
+        # capture (and graph-pool) order shuffled per bucket: no path is always the first captured
+        names = list(exs)
+        random.Random(m).shuffle(names)
+        fns = {p: (lambda i, e=exs[p], ins=ins: e[i % NSETS](**ins)) for p in names}
         t = time_graphs(fns, iters=iters, trials=trials, nsets=NSETS)
         pinned = {p: v for p, v in t.items() if p.startswith("pin:")}
         best = min(pinned, key=pinned.get)
+        twin = twin_at(m)
         row = {"plan": name, "tokens": m, "ok": True, "compiled_us": round(t["compiled"], 3),
                "serial_us": round(t["serial"], 3), "best_pinned_us": round(pinned[best], 3), "best_pinned": best,
                "serial_over_compiled": round(t["serial"] / t["compiled"], 4),

@@ -29,14 +29,23 @@ SMALL = {"hidden": 256, "kda_heads": 64, "head_dim": 16, "fa_rank": 32}
 H200 = ("NVIDIA H200", 90, {"torch": "2.11.0+cu130"})
 
 
+SHIPPED_FROM = {  # each shipped tuning and the measured file it was copied from
+    "2026-11-30_h200_k3_kda_projection.json": "results/tuning/2026-11-30_h200_k3_kda_projection_s8.json",
+    "2026-12-01_h200_dsv3_mla_input_proj.json":
+        "results/data/tuning/2026-12-01T1807_h200-217627c9_dsv3_mla_input_proj.json",
+    "2026-12-01_h200_dsv3_moe_shared_expert.json":
+        "results/data/tuning/2026-12-01T1822_h200-458e45bf_dsv3_moe_shared_expert.json",
+}
+
+
 def test_shipped_tuning_is_package_data_and_matches_the_measured_file():
     files = packaged()
-    assert [p.name for p, _ in files] == ["2026-11-30_h200_k3_kda_projection.json"]
-    path, data = files[0]
-    assert path.parent == TUNED_DIR and data["device"] == "NVIDIA H200" and data["cc"] == 90
-    measured = json.loads((ROOT / "results/tuning/2026-11-30_h200_k3_kda_projection_s8.json").read_text())
-    for k in ("limits", "backends", "measured", "variants"):
-        assert data[k] == measured[k], k
+    assert sorted(p.name for p, _ in files) == sorted(SHIPPED_FROM)
+    for path, data in files:
+        assert path.parent == TUNED_DIR and data["device"] == "NVIDIA H200" and data["cc"] == 90
+        measured = json.loads((ROOT / SHIPPED_FROM[path.name]).read_text())
+        for k in ("limits", "backends", "measured", "variants"):
+            assert data[k] == measured[k], (path.name, k)
     assert 'planner = ["tuned/*.json"]' in (ROOT / "pyproject.toml").read_text()
 
 

@@ -223,4 +223,24 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
                 name = next(iter(forced.values()))
                 msg = f"variant '{name}' (forced) computes something else: {', '.join(report['checked'][-1]['bad'])}"
                 report["why"] = f"{report['why']}; {msg}" if report.get("why") else msg
+        # every per-range stream plan (planner/passes/bucket_plans.py) at these dims: the same ops
+        # on other streams with other events must compute the same
+        ran = ex.last_piece
+        for i, (d, lo, hi) in enumerate(ex.pieces):
+            if i == ran:
+                report["checked"][0]["stream_plan"] = f"{d} {lo}..{hi}"
+                continue
+            ex.forced_piece = i
+            try:
+                fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
+            finally:
+                ex.forced_piece = None
+            fok, entries = _compare(plan, fouts, routs, precision)
+            report["checked"].append({"forced": None, "stream_plan": f"{d} {lo}..{hi}", "variants": dict(ex.last_variants),
+                                      "ok": fok, "bad": [e["name"] for e in entries if not e["ok"]],
+                                      "max_abs_err": max((e["max_abs_err"] for e in entries), default=0.0)})
+            if not fok:
+                report["ok"] = False
+                msg = f"the stream plan of {d} {lo}..{hi} (forced) computes something else: {', '.join(report['checked'][-1]['bad'])}"
+                report["why"] = f"{report['why']}; {msg}" if report.get("why") else msg
     return report

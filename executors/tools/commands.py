@@ -218,6 +218,9 @@ def _table(reports: list[dict], world: int, args) -> str:
             what = "as the gates chose" if c["forced"] is None else "forced " + ", ".join(
                 f"{k}={v}" for k, v in sorted(c["forced"].items())[:3]) + (
                 f" (+{len(c['forced']) - 3} regions)" if len(c["forced"]) > 3 else "")
+            if c.get("stream_plan"):
+                what = (f"{what}, stream plan of {c['stream_plan']}" if i == 0 else
+                        f"stream plan of {c['stream_plan']} (forced)")
             lines.append(f"  {what}: {'ok' if good else 'MISMATCH in ' + ', '.join(c['bad'])}")
     if args.check:
         ok = all(r["ok"] for r in reports)
@@ -247,9 +250,17 @@ def cmd_tune(args) -> int:
     overrides = parse_overrides(args.overrides)
     from planner.lang.loader import load_plan
     load_plan(args.plan, overrides)  # plan errors exit 2 before anything else
+    externs = None
+    if args.externs:
+        from .tune_externs import load_externs
+        try:
+            externs = load_externs(args.externs)
+        except ValueError as exc:
+            print(f"planner tune: {exc}", file=sys.stderr)
+            return 2
     if not _gpu_or_exit():
         return 2
-    res = tune_plan(args.plan, overrides, dim=args.dim, buckets=parse_tokens(args.buckets, []) or None,
+    res = tune_plan(args.plan, overrides, dim=args.dim, buckets=parse_tokens(args.buckets, []) or None, externs=externs,
                     max_configs=args.max_configs, iters=args.iters, trials=args.trials, nsets=args.sets,
                     variants=not args.no_variants, min_gain=args.min_gain, flashinfer=not args.no_flashinfer,
                     budget_s=args.budget_s, refine=not args.no_refine)

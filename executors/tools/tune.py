@@ -251,7 +251,7 @@ def bucket_probes(buckets: list, lo: int = 1) -> list:
 
 
 def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: list, iters=20, trials=5,
-                  nsets=4, log=_log, dev="cuda", alternatives: dict | None = None) -> dict:
+                  nsets=4, log=_log, dev="cuda", alternatives: dict | None = None, externs: dict | None = None) -> dict:
     """{region: {bucket: {variant: us}}}: each region forced to each of its variants (all regions
     to the same variant name where they have it), graph replay, `nsets` executors with their own
     weights rotated, with the tuned backends.
@@ -281,7 +281,7 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
         p = plan_factory()
         cp = cp_factory(p)
         _, w = make_data(p, {d: plan.dims[d].hi for d in plan.dims}, seed=100 + s, rank=0, device=dev)
-        exs.append(tuned_executor(cp, w, tuning, device=dev, externs=default_externs(p)))
+        exs.append(tuned_executor(cp, w, tuning, device=dev, externs={**default_externs(p), **(externs or {})}))
     table = tuning.setdefault("backends", {})
     tuning.setdefault("refinements", [])
     out: dict = {r: {} for r in regions}
@@ -359,8 +359,10 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
 def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_tokens", buckets=None,
               max_configs: int = 24, iters: int = 20, trials: int = 5, nsets: int = 4,
               variants: bool = True, min_gain: float = 0.0, flashinfer: bool = True, budget_s: float | None = None,
-              log=_log, device: str = "cuda", refine: bool = True) -> dict:
-    """Tune a plan (see the module doc). device="cpu" is a dry run: eager timing, torch only."""
+              log=_log, device: str = "cuda", refine: bool = True, externs: dict | None = None) -> dict:
+    """Tune a plan (see the module doc). device="cpu" is a dry run: eager timing, torch only.
+    externs: the caller's model-code implementations; each extern site is then timed per bucket
+    (executors.tools.tune_externs) and the region variants run with them."""
     import torch
 
     from planner.lang.loader import load_plan
@@ -375,6 +377,10 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
     cp = compile_plan(load())
     sigs = plan_gemms(cp, dim, bks)
     res = new_tuning(torch.cuda.get_device_name() if device != "cpu" else "cpu (dry run)", torch.__version__)
+    if device != "cpu":  # what shipped-tuning matching compares (planner.tuning.match_tuning)
+        major, minor = torch.cuda.get_device_capability()
+        res["cc"] = major * 10 + minor
+        res["versions"] = {"torch": ".".join(torch.__version__.split("+")[0].split(".")[:2])}
     res["candidates"] = {}
     alternatives = {}
     t0 = time.time()
@@ -406,10 +412,13 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
             f" (torch {ok.get('torch', float('nan')):.2f} us) [{time.time() - t0:.0f}s]")
     from .tune_ops import tune_keyed  # norms, activations, rope, quantize, scaled fp8 gemms
     tune_keyed(cp, dim, bks, res, device=device, iters=iters, trials=trials, nsets=nsets, log=log)
+    if externs:
+        from .tune_externs import tune_externs
+        tune_externs(cp, dim, bks, res, externs, device=device, iters=iters, trials=trials, nsets=nsets, log=log)
     if variants and plan.regions:
         res["variants"] = time_variants(lambda p: compile_plan(p), load, res, dim, bks, iters=iters,
                                         trials=trials, nsets=nsets, log=log, dev=device,
-                                        alternatives=alternatives if refine else None)
+                                        alternatives=alternatives if refine else None, externs=externs)
         for sig, e in res["backends"].items():  # the cost model gets the time of what was chosen
             us = res["candidates"].get(sig, {}).get(cand_label(e["backend"], e.get("config")))
             if us is not None:

@@ -2,6 +2,7 @@
 
 from . import (
     assign_streams,
+    bucket_plans,
     dce,
     events,
     fuse_allreduce_norm,
@@ -21,6 +22,7 @@ PIPELINE = [
     (assign_streams.NAME, assign_streams.run),
     (events.SCHEDULE, events.schedule),
     (events.NAME, events.derive),
+    (bucket_plans.NAME, bucket_plans.run),
     (memory.NAME, memory.run),
 ]
 PASS_NAMES = [n for n, _ in PIPELINE]

@@ -50,6 +50,7 @@ SEARCH_MAX_OPS = 48       # local search only in scopes this small (per move: on
 SEARCH_BUCKETS = 5        # buckets rated during the search; every bucket rates the finalists
 NEIGHBOR_MAX_OPS = 16     # scopes this small also rate every single / chain move from serial
 LARGE_SCOPE = 2000        # above this many ops, rate the largest bucket only (compile time)
+BUCKET_PLAN_GAIN = 0.01   # a bucket gets its own assignment where it beats the single choice by 1 %
 
 
 def pool(n: int) -> list[str]:
@@ -113,8 +114,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         sig = _signature(g, nodes, buckets, costs, demand, scope_pins)
         if sig in planned:  # a repeated layer: the same decision, position by position
             first, a0, info0 = planned[sig]
-            a = {v: a0[u] for u, v in zip(first, nodes, strict=True)}
+            pos = dict(zip(first, nodes, strict=True))
+            a = {pos[u]: s for u, s in a0.items()}
             info = {**info0}
+            if "bucket_alts" in info:
+                info["bucket_alts"] = {i: ({pos[u]: s for u, s in alt.items()}, us)
+                                       for i, (alt, us) in info["bucket_alts"].items()}
         else:
             a, info = _plan_scope(cp, nodes, costs, buckets, streams, scope_pins, ev, cfg.min_gain_us, demand, bw)
             planned[sig] = (nodes, a, info)
@@ -124,6 +129,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         decisions[ctx] = info
     decisions = {c: decisions[c] for c in scopes}  # the report lists scopes in plan order
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
+    cp.bucket_plans = _bucket_plans(cp, decisions, scopes)
+    if cp.bucket_plans:
+        decisions[()]["per_bucket"] = True
     changed = False
     for v in g.nodes:
         if g.nodes[v]["stream"] != assign[v]:
@@ -139,6 +147,54 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if folded:
         cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
     return cp, changed
+
+
+def _bucket_plans(cp, decisions, scopes) -> list[dict]:
+    """Ranges of one dim whose buckets are better served by another assignment than the scope's
+    single choice (its smallest worst-case loss): [{"dim", "lo", "hi", "streams" ({op: stream},
+    None = the single choice), "buckets", "scheduled_us", "single_us"}] covering the dim's range;
+    [] when one assignment serves every bucket. Only for a plan of one scope (no regions: their
+    variants combine, and the whole-variant check rates one assignment per scope) whose buckets
+    walk one dim; the plan-buckets pass derives each range's events."""
+    alts = {c: info.pop("bucket_alts") for c, info in decisions.items() if "bucket_alts" in info}
+    if len(scopes) != 1 or () not in alts or decisions[()]["mode"] not in ("chosen", "serial"):
+        return []
+    info, own = decisions[()], scopes[()]
+    bks = info["buckets"]
+    walked = [d for d in bks[0] if len({b[d] for b in bks}) > 1]
+    if len(walked) != 1:
+        return []
+    d = walked[0]
+    spec = cp.plan.dims[d]
+    g = cp.graph
+    groups: list[list[int]] = []
+    keys = []
+    for i in range(len(bks)):
+        alt = alts[()].get(i)
+        key = None if alt is None else _key({v: alt[0][v] for v in own})
+        if groups and keys[-1] == key:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+            keys.append(key)
+    if len(groups) < 2:
+        return []
+    out = []
+    for grp, key in zip(groups, keys, strict=True):
+        i0, i1 = grp[0], grp[-1]
+        lo = spec.lo if i0 == 0 else bks[i0 - 1][d] + 1
+        hi = spec.hi if i1 == len(bks) - 1 else bks[i1][d]
+        streams = None
+        if key is not None:
+            streams = dict(key)
+            for v in own:  # as _own_part: views of nothing inside stay on main
+                if g.nodes[v]["op"].op in VIEW_OPS and not g.nodes[v]["op"].stream and not any(
+                        u in streams for u in g.predecessors(v)):
+                    streams[v] = "main"
+        out.append({"dim": d, "lo": lo, "hi": hi, "streams": streams, "buckets": [bks[i][d] for i in grp],
+                    "scheduled_us": [alts[()][i][1] if key is not None else info["scheduled_us"][i] for i in grp],
+                    "single_us": [info["scheduled_us"][i] for i in grp]})
+    return out
 
 
 def _with_regions(cp, order, scopes, nodes, pinned, decided):
@@ -267,14 +323,23 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
         k, chosen = pins_only, serial_a
         why = "pinned" if _moved(serial_a) else "serial"
     sched = rated[k]
-    # does the best decision differ across buckets? (then the choice is the smallest worst-case loss)
+    # does the best decision differ across buckets? (then the choice is the smallest worst-case loss,
+    # and where another candidate beats it by enough at a bucket, that bucket gets its own: bucket_plans)
     winners = {min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk]))) for i in range(len(buckets))}
+    alts = {}
+    for i in range(len(buckets)):
+        w = min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk])))
+        # min_gain bounds a fork against serial; between two forks a relative margin is enough
+        if w != k and rated[w][i] <= serial[i] + 1e-9 and rated[k][i] - rated[w][i] >= BUCKET_PLAN_GAIN * rated[k][i]:
+            alts[i] = (cands[w], round(rated[w][i], 2))
     moved = sum(1 for v in nodes if chosen[v] != "main" and g.nodes[v]["op"].op not in VIEW_OPS)
     info.update(scheduled_us=[round(s, 2) for s in sched], mode=why, moved=moved,
                 used=sorted({s for s in chosen.values() if s != "main"}),
                 pinned=sum(1 for v in nodes if v in pinned),
                 differs=len(winners) > 1, worst_loss_us=round(worst_loss(k), 2),
                 best_multi=_best_multi(rated, cands, pins_only, serial, buckets))
+    if alts:
+        info["bucket_alts"] = alts  # {bucket index: (assignment, scheduled us)}; taken out of the report
     return chosen, info
 
 
@@ -472,7 +537,10 @@ def _text(info: dict) -> str:
         gains = [s - r for s, r in zip(ser, sch, strict=True)]
         lo, hi = min(range(len(bk)), key=lambda i: gains[i]), max(range(len(bk)), key=lambda i: gains[i])
         how = ""
-        if info["differs"]:
+        if info.get("per_bucket"):
+            how = ("; the best assignment differs across buckets: this one (the smallest worst-case loss,"
+                   f" {info['worst_loss_us']:.1f} us) where no other is 1 % faster, planned per bucket elsewhere")
+        elif info["differs"]:
             how = (f"; the best assignment differs across buckets: chose the one with the smallest worst-case"
                    f" loss ({info['worst_loss_us']:.1f} us)")
         least = f", {sch[lo]:.1f} vs {ser[lo]:.1f} us at {_fmt(bk[lo])}" if lo != hi else ""
