@@ -42,7 +42,10 @@ class DeviceProfile:
     p2p_latency_us: float = 7.0      # two barriers + the copies' start
     p2p_gbps: float = 350.0          # received bytes per second per rank (H200 pair, 2026-11-30)
     p2p_min_bytes: int = 0
-    event_us: float = 1.0            # one cross-stream record+wait pair
+    # one cross-stream record+wait pair: under CUDA-graph replay an edge between streams costs what
+    # one on a stream does (-0.007 us, results/data/event_cost/2026-12-01T1837_*); a quarter
+    # microsecond keeps near-ties on one stream
+    event_us: float = 0.25
     # cost of an elementwise write into a row-strided slot of a packed buffer, relative to a
     # contiguous one: 1.05 with the CuTe strided add (executors/cute/elementwise.py), 1.83 with
     # torch's elementwise kernels (results/zero_copy_packing.md)

@@ -148,7 +148,8 @@ def test_weight_streaming_gemms_gain_only_their_latency_model_code_still_moves(t
     (info,) = cp.report["assign-streams:scopes"]
     gain = max(s - r for s, r in zip(info["serial_us"], info["scheduled_us"], strict=True))
     serial = max(info["serial_us"])
-    assert gain < 0.05 * serial, info
+    p = CompileConfig().profile
+    assert gain <= p.kernel_us + p.gemm_fixed_us + 1e-6 and gain < 0.06 * serial, info  # one GEMM's fixed part
     free = compiled(tmp_path, TWO_GEMMS, HEAD, cfg=CompileConfig(share_bandwidth=False))
     (finfo,) = free.report["assign-streams:scopes"]
     fgain = max(s - r for s, r in zip(finfo["serial_us"], finfo["scheduled_us"], strict=True))

@@ -59,14 +59,16 @@ def test_k3_tp8_fuses_four_gathers_and_splits_kda_branches():
     assert sorted(bucket["tensors"]) == ["aux2", "aux46", "aux90", "h93"]
     gathers = [o for o in data["ops"] if o["op"] == "all_gather"]
     assert len(gathers) == 1 and len(gathers[0]["fused_from"]) == 4
-    # KDA two-branch variant: QKVG on main; F_A/beta then F_B on aux, with fork and join events
+    # KDA two-branch variant: QKVG on one stream, F_A/beta then F_B on the other (which is aux is
+    # a near-tie under graph replay), with fork and join events
     ops = {o["id"]: o for o in data["ops"]}
-    assert ops["kda0/two_branch/qkvg_out"]["stream"] == "main"
-    assert ops["kda0/two_branch/fab_out"]["stream"] == "aux"
-    assert ops["kda0/two_branch/g1"]["stream"] == "aux"
-    assert ops["kda0/two_branch/fab_out"]["waits_on"] == ["ev.x0"]          # fork after x0 is ready
-    assert "ev.kda0/two_branch/g1" in ops["kda0/two_branch/g1"]["records"]  # join
-    assert "ev.kda0/two_branch/g1" in ops["h1"]["waits_on"]
+    q, fab, g1 = (ops[f"kda0/two_branch/{n}"] for n in ("qkvg_out", "fab_out", "g1"))
+    assert fab["stream"] == g1["stream"] != q["stream"]
+    side = q if q["stream"] == "aux" else fab
+    assert side["waits_on"] == ["ev.x0"]          # the fork after x0 is ready
+    last = q if q["stream"] == "aux" else g1
+    joined = f"ev.{last['id']}"
+    assert joined in last["records"] and any(joined in o["waits_on"] for o in data["ops"])  # the join
     # the packed fallback stays on one stream; one aux stream for all 69 layers
     assert all(o["stream"] == "main" for o in data["ops"] if o["variant"] == "packed")
     assert data["streams"] == ["main", "aux"]
