@@ -181,7 +181,25 @@ def plan_description(cp, tuning=None, backend_prefs=None, problem: str = "") -> 
          + [f"{k}={canon(v)}" for k, v in sorted((cp.report.get("config") or {}).items())]),
         ("tensors", tensors),
         ("ops", ops),
+        ("bucket plans", _bucket_plan_lines(cp, canon)),
     ]
+
+
+def _bucket_plan_lines(cp, canon) -> list[str]:
+    """Each per-range stream plan (planner/passes/bucket_plans.py): its range and, op by op, its
+    stream, waits and records."""
+    out = []
+    for p in cp.bucket_plans:
+        own = p.get("cp")
+        if own is None:
+            out.append(f"{p['dim']}={p['lo']}..{p['hi']}: the plan's own")
+            continue
+        g = own.graph
+        out.append(f"{p['dim']}={p['lo']}..{p['hi']}: " + "; ".join(
+            f"{v} stream={g.nodes[v]['stream']} waits={canon(g.nodes[v].get('waits', []))}"
+            f" records={canon(g.nodes[v].get('records', []))}" for v in own.schedule)
+            + f"; exit={canon(list(own.exit_waits))}")
+    return out
 
 
 def plan_hash(cp, tuning=None, backend_prefs=None) -> str:

@@ -196,3 +196,15 @@ def test_run_check_runs_every_range(tmp_path):
     plans = [c.get("stream_plan") for c in rep["checked"]]
     assert plans == ["num_tokens 9..16", "num_tokens 1..8", "num_tokens 17..64"]
     assert all(c["ok"] for c in rep["checked"])
+
+
+def test_ranks_agree_on_every_range_plan(tmp_path):
+    from executors.collectives import first_difference, plan_description
+    cp = with_times(tmp_path, measured(tmp_path))
+    other = with_times(tmp_path, measured(tmp_path))
+    assert plan_description(cp) == plan_description(other)
+    own = next(p for p in other.bucket_plans if p["cp"] is not None)
+    v = next(v for v, s in own["streams"].items() if s != "main")
+    own["cp"].graph.nodes[v]["stream"] = "main"  # a rank that would run this range differently
+    diff = first_difference([plan_description(cp), plan_description(other)])
+    assert diff is not None and "bucket plans" in diff and f"{v} stream=" in diff
