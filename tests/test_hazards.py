@@ -182,3 +182,33 @@ ops:
 """
     with pytest.raises(HazardError, match="cuts num_tokens into per-rank chunks"):
         compiled(tmp_path, body, H, cfg=CompileConfig())  # compile verifies its result
+
+
+def test_validate_runs_the_planned_checks_too(tmp_path, capsys):
+    """A plan `validate` accepts, `compile` accepts: the hazard checks of a planned plan run in
+    validate as well, with the same located error and exit code 2."""
+    from planner.cli import main
+    h = H.replace("  y: bf16[num_tokens, hidden]\n", "  y: bf16[num_tokens, hidden]\n  xt: bf16[hidden, num_tokens]\n")
+    body = """
+outputs: [s]
+ops:
+  - region: r
+    outputs: [s]
+    variants:
+      - name: graphed
+        when: capturing and num_tokens <= 32
+        ops:
+          - s: gemm(xt, xt)
+      - name: eager
+        ops:
+          - s: gemm(xt, xt)
+"""
+    from tests.planutil import write
+    p = write(tmp_path, h.lstrip("\n") + body)
+    assert main(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"{p}:" in err and "capture: variant 'graphed'" in err
+    assert main(["compile", str(p)]) == 2
+    ok = write(tmp_path, h.lstrip("\n") + "outputs: [s]\nops:\n  - s: gemm(xt, xt)\n", "ok.yaml")
+    assert main(["validate", str(ok)]) == 0
+    assert "planned and verified" in capsys.readouterr().out
