@@ -14,7 +14,7 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
-__all__ = ["allowed_buckets", "possible_buckets", "running_variants", "region_groups", "group_label",
+__all__ = ["allowed_buckets", "possible_buckets", "why_never", "running_variants", "region_groups", "group_label",
            "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "per_op", "simulate",
            "simulator", "variant_choice", "issue_order", "graph_shape"]
 
@@ -101,6 +101,32 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
             if v.when is not None and _surely(cp, v, b, tuned, gates):
                 return False
     return True
+
+
+def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
+    """Why variant vname of region rid takes no call at any bucket, or None when it can run: its
+    gate holds at no size the dims allow, or every size where it holds is taken by the variants
+    before it (named)."""
+    ctx = ((rid, vname),)
+    if possible_buckets(cp, ctx, tuned):
+        return None
+    variants = _variants(cp).get(rid, [])
+    v = next((x for x in variants if x.name == vname), None)
+    if v is None:
+        return None
+    gates: dict = {}
+    facts_of = lambda b: _optimistic_facts(cp, b, tuned)  # noqa: E731
+    own = [b for b in _bucket_grid(cp, ctx) if v.when is None or _gate(v, gates)(facts_of(b))]
+    if not own:
+        return "its gate holds at no size the dims allow"
+    before = []
+    for x in variants:
+        if x.name == vname:
+            break
+        if x.when is not None and any(_surely(cp, x, b, tuned, gates) for b in own):
+            before.append(x.name)
+    names = ", ".join(f"'{n}'" for n in before) or "the variants before it"
+    return f"every size where its gate holds is taken by {names} before it"
 
 
 MAX_COMBOS = 32  # variant combinations estimated when regions differ (beyond: one name at a time)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -85,19 +86,41 @@ def cmd_validate(args) -> int:
               "weights": len(plan.weights)}  # as written (planning rewrites ops)
     # the checks that need a planned plan (cross-stream hazards, capture legality of capture-gated
     # variants, collective order) run too: a plan validate accepts, compile accepts
+    cfg = tuned_config(plan)
     try:
-        compile_plan(plan, tuned_config(plan))
+        cp = compile_plan(plan, cfg)
     except VerifyError as exc:
         print(verify_failure(exc), file=sys.stderr)
         return 1
     dt = time.perf_counter() - t0
+    warnings = _dead_variants(cp, cfg)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     if args.emit == "json":
         print(json.dumps({"ok": True, "plan": plan.name, "ops": counts["ops"], "regions": counts["regions"],
-                          "planned": True}))
+                          "planned": True, "warnings": warnings}))
     else:
         print(f"{plan.file}: ok: plan '{plan.name}', {counts['ops']} ops, {counts['regions']} gated regions,"
               f" {counts['inputs']} inputs, {counts['weights']} weights; planned and verified ({dt * 1000:.0f} ms)")
     return 0
+
+
+def _dead_variants(cp, cfg) -> list[str]:
+    """One line per variant (of each group of alike regions) that takes no call at any size."""
+    from .analysis import group_label, region_groups, why_never
+    tuned = {**cp.plan.tuned, **cfg.tuned}
+    out = []
+    for rids in region_groups(cp):
+        for v in cp.variants.get(rids[0], []):
+            why = why_never(cp, rids[0], v.name, tuned)
+            if why:
+                loc = v.loc
+                where = f"{loc.file}:{loc.line}: " if loc is not None and loc.line else ""
+                lim = sorted({n[6:] for n in re.findall(r"tuned\.\w+", v.when_src or "")})
+                limits = (f" (tuned limits {', '.join(f'{n}={tuned.get(n)}' for n in lim)} from"
+                          f" {cfg.tuning_source or 'the plan'})") if lim else ""
+                out.append(f"{where}variant '{v.name}' of region {group_label(rids)} never runs{limits}: {why}")
+    return out
 
 
 def cmd_compile(args) -> int:

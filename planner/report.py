@@ -23,6 +23,7 @@ from .analysis import (
     region_groups,
     simulator,
     variant_picks,
+    why_never,
 )
 from .cost import CostModel
 from .graph import Compiled, compatible
@@ -63,7 +64,8 @@ def _estimates(cp: Compiled, cfg) -> tuple[list[dict], list[str]]:
         allowed = possible_buckets(cp, ctx, tuned) if choice else allowed_buckets(cp, (), tuned)
         if not allowed:
             if alike:
-                never.append(label)
+                rid, vname = next(iter(choice.items()))
+                never.append((label, why_never(cp, rid, vname, tuned) or "it takes no call at any bucket"))
             continue
         picks = []
         for b in (allowed[0], allowed[len(allowed) // 2], allowed[-1]):
@@ -333,10 +335,14 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         for rids in region_groups(cp):
             rid = rids[0]
             L.append(f"  region {group_label(rids)}:")
+            tuned = {**cp.plan.tuned, **cfg.tuned}
             for v in plan.regions[rid].variants:
                 live = v in cp.variants[rid]
                 gate = v.when_text if v.when is not None else "fallback"
+                dead = why_never(cp, rid, v.name, tuned) if live else None
                 mark = "" if live else st.yellow("  [removed at compile time]")
+                if dead:
+                    mark = st.yellow(f"  [never runs: {dead}]")
                 L.append(f"    {v.name:<14} when {gate}{mark}")
 
     L.append("")
@@ -362,8 +368,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                     us = p["scheduled_us"][p["buckets"].index(r["bindings"][d])]
                     L.append(st.dim(f"  {'':<{wv}}{'':<{wd}}{'':>12}{us:>15.1f}{r['serial_us'] / us:>7.2f}x"
                                     f"  its own stream plan ({d} {p['lo']}..{p['hi']})"))
-        for name in never:
-            L.append(st.dim(f"  {name}: its gate holds at no size the dims allow (with these tuned limits)"))
+        for name, why in never:
+            L.append(st.yellow(f"  {name}: never runs: {why} (with these tuned limits)"))
 
     mem = cp.report.get("estimate-memory")
     if isinstance(mem, dict):
@@ -373,7 +379,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                                             " gates allow)"))
         for n, m in mem["variants"].items():
             at = ", ".join(f"{k}={v}" for k, v in m.get("bindings", mem["bindings"]).items()) or "static shapes"
-            L.append(f"  {n:<16} peak {_mib(m['peak_bytes'])} at {m['peak_at']} ({at})")
+            dead = st.dim("  (never runs: sized at the dims' top for the record)") if m.get("never_runs") else ""
+            L.append(f"  {n:<16} peak {_mib(m['peak_bytes'])} at {m['peak_at']} ({at}){dead}")
         L.append(f"  weights {_mib(mem['weights_bytes'])}, inputs {_mib(mem['inputs_bytes'])};"
                  f" fusion added {_mib(mem['fusion_added_bytes'])} (copies of members not written in place)")
     return "\n".join(L) + "\n"

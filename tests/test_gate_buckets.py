@@ -164,4 +164,43 @@ def test_a_variant_that_never_runs_is_said_so(tmp_path):
     body = TWO_REGIONS.split("  - region: r2")[0].replace("outputs: [a, c]", "outputs: [a]")
     cp = compiled(tmp_path, body.replace("num_tokens <= 8", "num_tokens <= 0"), header=HDR)
     assert {r["variant"] for r in critical_paths(cp, CompileConfig())} == {"big"}
-    assert "small: its gate holds at no size the dims allow" in to_text(cp, CompileConfig())
+    text = to_text(cp, CompileConfig())
+    assert "small: never runs: its gate holds at no size the dims allow" in text
+    assert "[never runs: its gate holds at no size the dims allow]" in text  # in the Variants section too
+
+
+SHADOWED = """
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: small
+        when: num_tokens <= 16
+        ops:
+          - y: gemm(x, w)
+      - name: tiny
+        when: num_tokens <= 8
+        ops:
+          - y: copy(x)
+      - name: big
+        ops:
+          - y: add(x, x)
+"""
+
+
+def test_a_variant_shadowed_by_an_earlier_one_is_named(tmp_path, capsys):
+    from planner.cli import main
+    from planner.config import CompileConfig
+    from planner.report import to_text
+    from tests.planutil import write
+
+    cp = compiled(tmp_path, SHADOWED, header=HDR)
+    text = to_text(cp, CompileConfig())
+    assert "tiny: never runs: every size where its gate holds is taken by 'small' before it" in text
+    mem = cp.report["estimate-memory"]["variants"]
+    assert mem["tiny"].get("never_runs") and not mem["small"].get("never_runs")
+    p = write(tmp_path, HDR.lstrip("\n") + SHADOWED, "shadowed.yaml")
+    assert main(["validate", str(p)]) == 0  # a warning, not an error
+    err = capsys.readouterr().err
+    assert f"warning: {p}:" in err and "variant 'tiny' of region r never runs" in err and "'small'" in err

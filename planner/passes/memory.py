@@ -9,7 +9,7 @@ producers write into is allocated at its first writer; outputs live to the end.
 
 from __future__ import annotations
 
-from ..analysis import largest_bucket, variant_choice
+from ..analysis import largest_bucket, possible_buckets, variant_choice
 from ..graph import Compiled, compatible
 from ..shapes import nbytes_at
 
@@ -70,8 +70,11 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     choices = {n: variant_choice(cp, n) for n in names} or {"(plan)": None}
     tuned = {**cp.plan.tuned, **cfg.tuned}
     for n, choice in choices.items():
-        at = largest_bucket(cp, tuple(sorted((choice or {}).items())), tuned)
+        ctx = tuple(sorted((choice or {}).items()))
+        at = largest_bucket(cp, ctx, tuned)
         out["variants"][n] = {**peak(cp, choice, at), "bindings": at}
+        if choice and not possible_buckets(cp, ctx, tuned):
+            out["variants"][n]["never_runs"] = True  # sized at the dims' top, for the record
     out["weights_bytes"] = sum(nbytes_at(cp.tensors[w], upper) for w in cp.plan.weights)
     out["inputs_bytes"] = sum(nbytes_at(cp.tensors[i], upper) for i in cp.plan.inputs)
     fus = cp.report.get("fuse-collectives")
