@@ -138,9 +138,8 @@ def test_rank_varying_gate_over_different_collectives(tmp_path):
     assert "'gathered'" in d.message and "'local'" in d.message
 
 
-def test_capture_gated_variant_that_sums_over_padded_rows(tmp_path):
-    h = H.replace("  y: bf16[num_tokens, hidden]\n", "  y: bf16[num_tokens, hidden]\n  xt: bf16[hidden, num_tokens]\n")
-    body = """
+H_XT = H.replace("  y: bf16[num_tokens, hidden]\n", "  y: bf16[num_tokens, hidden]\n  xt: bf16[hidden, num_tokens]\n")
+SUMS_OVER_PADDED = """
 outputs: [s]
 ops:
   - region: r
@@ -154,6 +153,10 @@ ops:
         ops:
           - s: gemm(xt, xt)
 """
+
+
+def test_capture_gated_variant_that_sums_over_padded_rows(tmp_path):
+    h, body = H_XT, SUMS_OVER_PADDED
     plan = load(tmp_path, body, h)
     from planner.pipeline import compile_plan
     with pytest.raises(HazardError, match="capture: variant 'graphed'") as ei:
@@ -188,22 +191,8 @@ def test_validate_runs_the_planned_checks_too(tmp_path, capsys):
     """A plan `validate` accepts, `compile` accepts: the hazard checks of a planned plan run in
     validate as well, with the same located error and exit code 2."""
     from planner.cli import main
-    h = H.replace("  y: bf16[num_tokens, hidden]\n", "  y: bf16[num_tokens, hidden]\n  xt: bf16[hidden, num_tokens]\n")
-    body = """
-outputs: [s]
-ops:
-  - region: r
-    outputs: [s]
-    variants:
-      - name: graphed
-        when: capturing and num_tokens <= 32
-        ops:
-          - s: gemm(xt, xt)
-      - name: eager
-        ops:
-          - s: gemm(xt, xt)
-"""
     from tests.planutil import write
+    h, body = H_XT, SUMS_OVER_PADDED
     p = write(tmp_path, h.lstrip("\n") + body)
     assert main(["validate", str(p)]) == 2
     err = capsys.readouterr().err
