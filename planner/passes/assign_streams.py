@@ -44,6 +44,7 @@ from ..analysis import (
 from ..cost import CostModel
 from ..graph import Compiled, compatible
 from ..ops import COLLECTIVES, VIEW_OPS
+from .bucket_plans import bucket_ranges
 
 NAME = "assign-streams"
 SEARCH_MAX_OPS = 48       # local search only in scopes this small (per move: one simulate per bucket)
@@ -129,7 +130,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         decisions[ctx] = info
     decisions = {c: decisions[c] for c in scopes}  # the report lists scopes in plan order
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
-    cp.bucket_plans = _bucket_plans(cp, decisions, scopes)
+    cp.bucket_plans = bucket_ranges(cp, decisions, scopes)
     if cp.bucket_plans:
         decisions[()]["per_bucket"] = True
     changed = False
@@ -147,54 +148,6 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if folded:
         cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
     return cp, changed
-
-
-def _bucket_plans(cp, decisions, scopes) -> list[dict]:
-    """Ranges of one dim whose buckets are better served by another assignment than the scope's
-    single choice (its smallest worst-case loss): [{"dim", "lo", "hi", "streams" ({op: stream},
-    None = the single choice), "buckets", "scheduled_us", "single_us"}] covering the dim's range;
-    [] when one assignment serves every bucket. Only for a plan of one scope (no regions: their
-    variants combine, and the whole-variant check rates one assignment per scope) whose buckets
-    walk one dim; the plan-buckets pass derives each range's events."""
-    alts = {c: info.pop("bucket_alts") for c, info in decisions.items() if "bucket_alts" in info}
-    if len(scopes) != 1 or () not in alts or decisions[()]["mode"] not in ("chosen", "serial"):
-        return []
-    info, own = decisions[()], scopes[()]
-    bks = info["buckets"]
-    walked = [d for d in bks[0] if len({b[d] for b in bks}) > 1]
-    if len(walked) != 1:
-        return []
-    d = walked[0]
-    spec = cp.plan.dims[d]
-    g = cp.graph
-    groups: list[list[int]] = []
-    keys = []
-    for i in range(len(bks)):
-        alt = alts[()].get(i)
-        key = None if alt is None else _key({v: alt[0][v] for v in own})
-        if groups and keys[-1] == key:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-            keys.append(key)
-    if len(groups) < 2:
-        return []
-    out = []
-    for grp, key in zip(groups, keys, strict=True):
-        i0, i1 = grp[0], grp[-1]
-        lo = spec.lo if i0 == 0 else bks[i0 - 1][d] + 1
-        hi = spec.hi if i1 == len(bks) - 1 else bks[i1][d]
-        streams = None
-        if key is not None:
-            streams = dict(key)
-            for v in own:  # as _own_part: views of nothing inside stay on main
-                if g.nodes[v]["op"].op in VIEW_OPS and not g.nodes[v]["op"].stream and not any(
-                        u in streams for u in g.predecessors(v)):
-                    streams[v] = "main"
-        out.append({"dim": d, "lo": lo, "hi": hi, "streams": streams, "buckets": [bks[i][d] for i in grp],
-                    "scheduled_us": [alts[()][i][1] if key is not None else info["scheduled_us"][i] for i in grp],
-                    "single_us": [info["scheduled_us"][i] for i in grp]})
-    return out
 
 
 def _with_regions(cp, order, scopes, nodes, pinned, decided):
