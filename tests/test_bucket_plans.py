@@ -3,6 +3,8 @@ range of the dim where another assignment beats the single choice (assign-stream
 plan-buckets -> the executor picks the range's plan per call; `run --check` runs each)."""
 
 
+import json
+
 import pytest
 import torch
 
@@ -208,3 +210,19 @@ def test_ranks_agree_on_every_range_plan(tmp_path):
     own["cp"].graph.nodes[v]["stream"] = "main"  # a rank that would run this range differently
     diff = first_difference([plan_description(cp), plan_description(other)])
     assert diff is not None and "bucket plans" in diff and f"{v} stream=" in diff
+
+
+def test_planner_run_compiles_as_planner_compile_does(capsys):
+    """`planner run --check` plans with the same shipped tuning as `planner compile` (the shipped
+    MLA plan has per-bucket stream plans on the H200) and checks every range's plan."""
+    from planner.cli import main
+    from tests.planutil import PLANS
+    mla = str(PLANS / "dsv3_mla_input_proj.yaml")
+    assert main(["compile", mla, "--emit", "json"]) == 0
+    ranges = [(p["min"], p["max"]) for p in json.loads(capsys.readouterr().out)["bucket_plans"]]
+    assert len(ranges) >= 2
+    assert main(["run", mla, "--check", "--num-tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    for lo, hi in ranges:
+        assert f"stream plan of num_tokens {lo}..{hi}" in out
+    assert "result: OK" in out

@@ -21,17 +21,25 @@ from planner.pipeline import compile_plan
 __all__ = ["cmd_run", "cmd_tune", "cmd_bench"]
 
 
-def _compile_config(ns: dict):
-    return config_from_args(argparse.Namespace(**ns))
+def _compile_config(ns: dict, plan, device: str, rank: int = 0):
+    """The compile configuration of `planner compile` for this plan: --tuning, else the shipped
+    tuning for this GPU (the default device's without one), its measured times and limits."""
+    ns = dict(ns)
+    if device == "cuda" and not ns.get("device_name"):
+        import torch
+        ns["device_name"] = torch.cuda.get_device_name(rank)
+    return config_from_args(argparse.Namespace(**ns), plan)
 
 
 def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     from planner.lang.loader import load_plan
 
     from .check import run_check
-    cfg = _compile_config(ns)
+    cfg = _compile_config(ns, load_plan(path, overrides), device, rank)
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
-    tuning = dict(cfg.tuned) if cfg is not None and cfg.tuned else None
+    # the executor's tuning: --tuning's limits; without it build_executor matches this device's
+    # shipped tuning itself (backends and limits; none on a CPU)
+    tuning = dict(cfg.tuned) if ns.get("tuning") and cfg.tuned else None
     report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
                        compare=check, config=cfg, tuning=tuning)
     if ns.get("timeline"):
