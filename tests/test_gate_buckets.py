@@ -157,6 +157,16 @@ def test_regions_with_different_gates_are_not_merged_and_every_combination_is_es
                     "r1=big, r2=big": [64, 128, 256]}, seen
 
 
+def test_memory_of_differing_regions_is_per_combination_that_runs(tmp_path):
+    cp = compiled(tmp_path, TWO_REGIONS, header=HDR)
+    mem = cp.report["estimate-memory"]["variants"]
+    # the combinations that run together, each sized at the largest size where it runs (not one
+    # variant name across both regions: r1=small with r2=big never runs)
+    assert {k: m["bindings"]["num_tokens"] for k, m in mem.items()} == {
+        "r1=small, r2=small": 8, "r1=big, r2=small": 32, "r1=big, r2=big": 256}
+    assert not any(m.get("never_runs") for m in mem.values())
+
+
 def test_a_variant_that_never_runs_is_said_so(tmp_path):
     from planner.config import CompileConfig
     from planner.report import critical_paths, to_text

@@ -1,6 +1,7 @@
 """estimate-memory: lifetime-based peak activation memory (analysis only).
 
-Pre: a schedule. Post: cp.report['estimate-memory'] with, per plan variant, the
+Pre: a schedule. Post: cp.report['estimate-memory'] with, per plan variant (per
+combination of differing regions' variants that can run together), the
 peak bytes of activations at that variant's largest bucket (the largest size its
 gates allow: a variant gated to num_tokens < 16 is reported at 15 tokens, not at
 the dims' maximum), where it peaks, and the weight and input bytes. Views share their base's storage; a packed buffer that
@@ -9,7 +10,7 @@ producers write into is allocated at its first writer; outputs live to the end.
 
 from __future__ import annotations
 
-from ..analysis import largest_bucket, possible_buckets, variant_choice
+from ..analysis import largest_bucket, possible_buckets, region_groups, variant_picks
 from ..graph import Compiled, compatible
 from ..shapes import nbytes_at
 
@@ -65,16 +66,21 @@ def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     upper = {k: d.hi for k, d in cp.plan.dims.items()}
-    names = sorted({v.name for vs in cp.variants.values() for v in vs})
     out = {"bindings": upper, "variants": {}}
-    choices = {n: variant_choice(cp, n) for n in names} or {"(plan)": None}
     tuned = {**cp.plan.tuned, **cfg.tuned}
-    for n, choice in choices.items():
-        ctx = tuple(sorted((choice or {}).items()))
+    alike = len(region_groups(cp)) <= 1
+    # the variant combinations the estimate covers (analysis.variant_picks): one name at a time
+    # when the regions are alike (layers), else every combination of differing regions that can
+    # run together, each at the largest size where it runs
+    for label, choice in variant_picks(cp):
+        ctx = tuple(sorted(choice.items()))
+        runs = not choice or bool(possible_buckets(cp, ctx, tuned))
+        if not runs and not alike:
+            continue  # these variants never run together
         at = largest_bucket(cp, ctx, tuned)
-        out["variants"][n] = {**peak(cp, choice, at), "bindings": at}
-        if choice and not possible_buckets(cp, ctx, tuned):
-            out["variants"][n]["never_runs"] = True  # sized at the dims' top, for the record
+        out["variants"][label] = {**peak(cp, choice or None, at), "bindings": at}
+        if not runs:
+            out["variants"][label]["never_runs"] = True  # sized at the dims' top, for the record
     out["weights_bytes"] = sum(nbytes_at(cp.tensors[w], upper) for w in cp.plan.weights)
     out["inputs_bytes"] = sum(nbytes_at(cp.tensors[i], upper) for i in cp.plan.inputs)
     fus = cp.report.get("fuse-collectives")
