@@ -184,9 +184,11 @@ def running_variants(cp: Compiled, b: dict, tuned: dict) -> dict[str, str]:
 
 
 def _walked_dims(cp: Compiled, ctx: tuple) -> list[str]:
-    """The dims whose buckets a scope is rated at: the first dim (the token count every cost
-    scales with) and every dim a gate of ctx, or of a variant before it, names."""
+    """The dims whose buckets a scope is rated at: the token dim (`num_tokens` where the plan
+    declares it, else its first dim: the count every cost scales with) and every dim a gate of
+    ctx, or of a variant before it, names."""
     names = list(cp.plan.dims)
+    lead = "num_tokens" if "num_tokens" in cp.plan.dims else (names[0] if names else None)
     used = set()
     variants = _variants(cp)
     for rid, vname in ctx:
@@ -195,7 +197,7 @@ def _walked_dims(cp: Compiled, ctx: tuple) -> list[str]:
                 used |= free_names(v.when)
             if v.name == vname:
                 break
-    return [n for i, n in enumerate(names) if i == 0 or n in used]
+    return [n for n in names if n == lead or n in used]
 
 
 def _bucket_grid(cp: Compiled, ctx: tuple) -> list[dict]:

@@ -12,7 +12,14 @@ from .config import CompileConfig
 from .cost import DeviceProfile
 from .errors import PlanError
 from .lang.loader import load_plan, parse_overrides
-from .tuning import DEFAULT_DEVICE, check_limits, gemm_shapes, match_tuning, read_tuning
+from .tuning import (
+    DEFAULT_DEVICE,
+    check_limits,
+    extern_note,
+    gemm_shapes,
+    match_tuning,
+    read_tuning,
+)
 
 __all__ = ["cmd_validate", "cmd_compile", "config_from_args", "tuned_config", "verify_failure"]
 
@@ -53,7 +60,7 @@ def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE,
     if tuning.get("measured"):
         profile.measured = {k: v for k, v in tuning["measured"].items() if isinstance(v, (int, float))}
     return CompileConfig(profile=profile, tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},
-                         tuning_source=source, **kw)
+                         tuning_source=source + extern_note(tuning), **kw)
 
 
 def config_from_args(args, plan=None) -> CompileConfig:
@@ -66,6 +73,8 @@ def config_from_args(args, plan=None) -> CompileConfig:
         profile.measured = {k: v for k, v in tuning["measured"].items() if isinstance(v, (int, float))}
     if args.streams < 1:
         raise PlanError.at(None, "schema", "--streams must be at least 1")
+    if not (args.min_gain_us >= 0 and args.min_gain_us != float("inf")):  # NaN fails the first test
+        raise PlanError.at(None, "schema", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
     return CompileConfig(
         disable_passes=set(args.disable_pass), num_streams=args.streams, bucket_cap_mb=args.bucket_cap_mb,
         packing=args.packing, min_gain_us=args.min_gain_us, profile=profile,
@@ -73,7 +82,7 @@ def config_from_args(args, plan=None) -> CompileConfig:
         tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},
         verify_each=getattr(args, "verify_each", False),
         dump_after=set(getattr(args, "dump_after", []) or []),
-        tuning_source=source,
+        tuning_source=(source or "") + extern_note(tuning),
     )
 
 

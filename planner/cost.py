@@ -9,6 +9,7 @@ effective per rank; the p2p all-gather ~7 us and ~350 GB/s). A tuning file's mea
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -25,6 +26,11 @@ __all__ = ["DeviceProfile", "CostModel", "op_signature", "gemm_signatures", "spl
 POINTWISE = {"rmsnorm", "add_rmsnorm", "silu_and_mul", "gelu_and_mul", "mul", "rope", "quantize"}
 # op kinds `planner tune` times per signature (besides plain bf16 gemms)
 TUNABLE_KINDS = POINTWISE - {"mul"}
+
+
+# profile fields that may be 0 (a latency, an off switch); the rest are rates and must be > 0
+_MAY_BE_ZERO = {"kernel_us", "gemm_fixed_us", "coll_latency_us", "p2p_latency_us", "p2p_gbps", "p2p_min_bytes",
+                "event_us"}
 
 
 @dataclass
@@ -67,6 +73,19 @@ class DeviceProfile:
         bad = [k for k in data if k not in known]
         if bad:
             raise PlanError.at(None, "schema", f"device profile has unknown field '{bad[0]}' (known: {', '.join(sorted(known))})")
+        where = f"device profile {path}" if path else "device profile"
+        for k, v in data.items():
+            if k == "name":
+                if not isinstance(v, str):
+                    raise PlanError.at(None, "schema", f"{where}: 'name' must be a string, got {v!r}")
+                continue
+            if k == "measured":
+                raise PlanError.at(None, "schema", f"{where}: measured times come from a tuning file (--tuning)")
+            low = 0 if k in _MAY_BE_ZERO else None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
+                    v < 0 if low == 0 else v <= 0):
+                want = "a finite number >= 0" if low == 0 else "a finite number > 0"
+                raise PlanError.at(None, "schema", f"{where}: '{k}' must be {want}, got {v!r}")
         return cls(**data)
 
     def to_json(self) -> dict:
@@ -173,6 +192,7 @@ class CostModel:
         # op kinds with measured times (signatures start with the kind): no signature for the rest
         self._signed_kinds = {k.split(":", 1)[0] for k in profile.measured or ()}
         self._measured_kinds = set(self._signed_kinds)
+        self.hits: set[str] = set()  # the measured signatures this model has used
         if "gemm" in self._measured_kinds:
             self._measured_kinds.add("gemm_chain")
 
@@ -183,8 +203,10 @@ class CostModel:
         outs = [tensors[n] for n in op.out if n in tensors]
         if p.measured and op.op in self._measured_kinds:
             # a gemm_chain's own signature is looked up only where some time is measured under it
-            hit = p.measured.get(op_signature(op, ins, bindings, outs)) if op.op in self._signed_kinds else None
+            sig = op_signature(op, ins, bindings, outs) if op.op in self._signed_kinds else None
+            hit = p.measured.get(sig) if sig is not None else None
             if hit is not None:
+                self.hits.add(sig)
                 return float(hit)
             if op.op == "gemm_chain":  # both GEMMs measured: their sum bounds the fused op
                 parts = [p.measured.get(s) for s in gemm_signatures(op, ins, bindings)]

@@ -176,7 +176,8 @@ def tokenize(text: str) -> list[Tok]:
         m = _TOKEN.match(text, i)
         if not m:
             if text[i] == "." and toks and toks[-1].kind == "num" and toks[-1].pos + len(toks[-1].text) == i:
-                raise ExprError("numbers in plans are integers (no fractions or exponents)", toks[-1].pos, "type")
+                raise ExprError("numbers in plans are integers (no fractions or exponents); a fractional keyword"
+                                " value goes in quotes, e.g. cost_us='1.5' or eps='1e-6'", toks[-1].pos, "type")
             raise ExprError(f"unexpected character {text[i]!r}", i)
         kind = m.lastgroup
         if kind != "ws":

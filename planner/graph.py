@@ -33,6 +33,7 @@ class Compiled:
     events: dict[str, dict] = field(default_factory=dict)  # id -> {"op", "stream"}
     exit_waits: list[str] = field(default_factory=list)     # events main waits on before returning
     variants: dict = field(default_factory=dict)            # region id -> live Variants, in order
+    bucket_ranges: list = field(default_factory=list)       # assign-streams' per-range assignments
     bucket_plans: list = field(default_factory=list)        # per-range stream plans (passes/bucket_plans.py)
     report: dict = field(default_factory=dict)              # pass name -> what it decided
     passes_run: list[str] = field(default_factory=list)

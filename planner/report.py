@@ -353,7 +353,9 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if cps or never:
         L.append("")
         nm = len(cfg.profile.measured or {})
-        measured = f", {nm} measured op times from the tuning" if nm else ""
+        used = cp.report.get("assign-streams:measured_used")
+        measured = (f", {used} of the tuning's {nm} measured op times used" if used is not None else
+                    f", {nm} measured op times from the tuning") if nm else ""
         L.append(st.bold("Estimated time per variant") + st.dim(f"  (cost model: {cfg.profile.name}{measured})"))
         dims = [", ".join(f"{k}={v}" for k, v in r["bindings"].items()) or "-" for r in cps]
         wv = max([16] + [len(r["variant"]) + 2 for r in cps])

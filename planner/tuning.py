@@ -8,7 +8,8 @@
      "variants": {region: {bucket: {variant: us}}},
      "candidates": {op signature: {candidate label: us}}   (optional, for the record),
      "refinements": [what the tuner tried per bucket]      (optional, for the record),
-     "fusion":   {fusion_key: {"max_tokens": int, "max_bytes": int}}   (optional)}
+     "fusion":   {fusion_key: {"max_tokens": int, "max_bytes": int}}   (optional),
+     "externs":  "MODULE:NAME" of the model code whose extern sites "measured" times (optional)}
 
 "fusion" gates FlashInfer's fused all-reduce + residual + RMSNorm kernel per dtype, hidden
 size and group size ("all_reduce_add_rmsnorm:bf16:N=7168,W=8"): calls of at most max_tokens
@@ -31,17 +32,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import re
 from pathlib import Path
 
 from .cost import TUNABLE_KINDS, split_signature
 from .errors import PlanError
 
-__all__ = ["FORMAT_KEYS", "ALL_KEYS", "fusion_key", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
+__all__ = ["FORMAT_KEYS", "ALL_KEYS", "extern_note", "fusion_key", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
            "read_tuning", "check_limits", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
 
 FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
-ALL_KEYS = FORMAT_KEYS + ("cc", "versions", "candidates", "refinements", "fusion")
+ALL_KEYS = FORMAT_KEYS + ("cc", "versions", "candidates", "refinements", "fusion", "externs")
 _FUSION_KEY = re.compile(r"^all_reduce_add_rmsnorm:(bf16|fp16):N=\d+,W=\d+$")
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 DEFAULT_DEVICE = "NVIDIA H200"  # the device of the default profile (planner.cost.DeviceProfile)
@@ -71,7 +73,7 @@ def validate_tuning(data, where: str = "tuning") -> dict:
     for k in ("limits", "backends", "measured", "variants", "candidates", "versions", "fusion"):
         if k in data and not isinstance(data[k], dict):
             raise ValueError(f"{where}: '{k}' must be an object")
-    for k in ("device", "date", "torch"):
+    for k in ("device", "date", "torch", "externs"):
         if k in data and not isinstance(data[k], str):
             raise ValueError(f"{where}: '{k}' must be a string")
     if "cc" in data and (isinstance(data["cc"], bool) or not isinstance(data["cc"], int)):
@@ -85,8 +87,11 @@ def validate_tuning(data, where: str = "tuning") -> dict:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{where}: limits.{k} must be a non-negative integer, got {v!r}")
     for k, v in data.get("measured", {}).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"{where}: measured['{k}'] must be a non-negative number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{where}: measured['{k}'] must be a finite non-negative number of us, got {v!r}")
+        if split_signature(k) is None:
+            raise ValueError(f"{where}: measured key '{k}' is not an op signature like"
+                             f" 'gemm:bf16:M=8,N=6144,K=7168' or 'extern:rope:M=16,...'")
     for k, v in data.get("backends", {}).items():
         if not isinstance(v, dict) or not isinstance(v.get("backend"), str):
             raise ValueError(f"{where}: backends['{k}'] must be {{\"backend\": str, \"config\": object|null}}")
@@ -109,6 +114,15 @@ def validate_tuning(data, where: str = "tuning") -> dict:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"{where}: fusion['{k}'].{f} must be a non-negative integer, got {n!r}")
     return data
+
+
+def extern_note(data: dict) -> str:
+    """'' or the line that says whose model code the tuning's extern times are of."""
+    fns = sorted({k.split(":", 2)[1] for k in data.get("measured", {}) if k.startswith("extern:")})
+    if not fns:
+        return ""
+    who = data.get("externs") or "the implementations given to planner tune"
+    return (f"; model code {', '.join(fns)} timed as {who} (time yours: planner tune --externs MODULE:NAME)")
 
 
 def check_limits(data: dict, declared, where: str = "tuning", plan: str = "") -> dict:

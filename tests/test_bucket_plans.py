@@ -115,7 +115,13 @@ def test_no_ranges_when_one_assignment_serves_every_size(tmp_path):
 
 def test_pass_disabled_keeps_the_single_choice(tmp_path):
     cp = with_times(tmp_path, measured(tmp_path), disable_passes={"plan-buckets"})
-    assert cp.bucket_plans == [] or all("cp" not in p for p in cp.bucket_plans)
+    assert cp.bucket_plans == [] and cp.bucket_ranges  # decided by assign-streams, not made into plans
+    assert "planned per bucket" not in to_text(cp, CompileConfig())
+    assert to_json(cp, CompileConfig())["bucket_plans"] == []
+    from executors import build_executor
+    from executors.tools.check import make_data
+    _, w = make_data(load(tmp_path, BODY, HEADER), {"num_tokens": 64}, seed=0, rank=0, device="cpu")
+    assert build_executor(cp, w, device="cpu", externs=externs(), tuning={}).pieces == []
 
 
 def test_report_and_json_name_each_range(tmp_path):
@@ -126,7 +132,7 @@ def test_report_and_json_name_each_range(tmp_path):
     assert "planned per bucket: 3 ranges of num_tokens" in text
     own = next(p for p in cp.bucket_plans if p["cp"] is not None)
     assert f"num_tokens {own['lo']}..{own['hi']}:" in text and f"its own stream plan (num_tokens {own['lo']}" in text
-    assert "planned per bucket elsewhere" in text
+    assert "get their own (plan-buckets)" in text
     js = to_json(cp, CompileConfig(profile=prof))["bucket_plans"]
     assert [(p["min"], p["max"]) for p in js] == [(1, 8), (9, 16), (17, 64)]
     for p, mine in zip(js, cp.bucket_plans, strict=True):
@@ -226,3 +232,12 @@ def test_planner_run_compiles_as_planner_compile_does(capsys):
     for lo, hi in ranges:
         assert f"stream plan of num_tokens {lo}..{hi}" in out
     assert "result: OK" in out
+
+
+def test_no_range_plan_for_a_near_tie_or_a_fork_that_does_not_pay(tmp_path):
+    """A range's own plan must beat the single choice by 1 % and by more than two events, and a
+    fork must save --min-gain-us against serial there, like the single choice."""
+    cp = with_times(tmp_path, measured(tmp_path, long_s={16: 10.4}))  # s a little longer at 16: a near-tie
+    assert cp.bucket_plans == []
+    cp = with_times(tmp_path, measured(tmp_path), min_gain_us=100.0)  # no fork pays 100 us
+    assert cp.bucket_plans == [] and cp.report["assign-streams:scopes"][0]["mode"] == "serial"

@@ -70,3 +70,15 @@ def test_tune_cli_refuses_bad_externs_before_anything_runs(capsys):
     if not torch.cuda.is_available():
         assert main(["tune", str(MLA), "--externs", "executors.tools.externs:model_externs"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_report_says_whose_model_code_was_timed(capsys):
+    """A tuning's extern times are of the implementations that were timed: the tuning line says
+    which, so a user with other model code knows to time theirs."""
+    assert main(["compile", str(MLA)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("tuning:"))
+    assert "model code rmsnorm, rope timed as executors.tools.externs:model_externs" in line
+    assert "planner tune --externs" in line
+    res = tune_plan(str(MLA), SMALL, device="cpu", buckets=[1], iters=2, trials=1, nsets=1,
+                    externs=model_externs(), externs_from="mymodel:externs", log=lambda m: None)
+    assert res["externs"] == "mymodel:externs"

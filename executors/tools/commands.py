@@ -269,6 +269,7 @@ def cmd_tune(args) -> int:
     if not _gpu_or_exit():
         return 2
     res = tune_plan(args.plan, overrides, dim=args.dim, buckets=parse_tokens(args.buckets, []) or None, externs=externs,
+                    externs_from=args.externs,
                     max_configs=args.max_configs, iters=args.iters, trials=args.trials, nsets=args.sets,
                     variants=not args.no_variants, min_gain=args.min_gain, flashinfer=not args.no_flashinfer,
                     budget_s=args.budget_s, refine=not args.no_refine)

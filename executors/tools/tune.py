@@ -359,7 +359,8 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
 def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_tokens", buckets=None,
               max_configs: int = 24, iters: int = 20, trials: int = 5, nsets: int = 4,
               variants: bool = True, min_gain: float = 0.0, flashinfer: bool = True, budget_s: float | None = None,
-              log=_log, device: str = "cuda", refine: bool = True, externs: dict | None = None) -> dict:
+              log=_log, device: str = "cuda", refine: bool = True, externs: dict | None = None,
+              externs_from: str | None = None) -> dict:
     """Tune a plan (see the module doc). device="cpu" is a dry run: eager timing, torch only.
     externs: the caller's model-code implementations; each extern site is then timed per bucket
     (executors.tools.tune_externs) and the region variants run with them."""
@@ -414,6 +415,7 @@ def tune_plan(path: str, overrides: dict | None = None, *, dim: str = "num_token
     tune_keyed(cp, dim, bks, res, device=device, iters=iters, trials=trials, nsets=nsets, log=log)
     if externs:
         from .tune_externs import tune_externs
+        res["externs"] = externs_from or "the externs= mapping given to tune_plan"
         tune_externs(cp, dim, bks, res, externs, device=device, iters=iters, trials=trials, nsets=nsets, log=log)
     if variants and plan.regions:
         res["variants"] = time_variants(lambda p: compile_plan(p), load, res, dim, bks, iters=iters,

@@ -205,6 +205,13 @@ def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
         elif not isinstance(buckets, list) or not buckets or not all(
                 _is_int(b) and lo <= b <= hi for b in buckets):
             raise PlanError.at(src.loc(path + ("buckets",)), "param", f"buckets of '{name}' must be integers in {lo}..{hi}")
+        elif max(buckets) != hi:
+            # a bucket serves the sizes above the bucket before it: sizes past the last one would be
+            # served by none (never rated, never captured)
+            raise PlanError.at(src.loc(path + ("buckets",)), "param",
+                               f"buckets of '{name}' must end at its maximum {hi} (the last is {max(buckets)}:"
+                               f" sizes {max(buckets) + 1}..{hi} would have no bucket)",
+                               f"add {hi} to the buckets, or end the range at {max(buckets)}")
         out[name] = DimSpec(name, lo, hi, sorted(set(buckets)))
     return out
 

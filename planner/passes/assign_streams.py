@@ -72,9 +72,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     n = max(1, cfg.num_streams)
     declared = cp.plan.streams
     streams = list(declared[:n]) if declared else pool(n)
-    pinned, folded = {}, []
+    pinned, folded, folded_ids = {}, [], set()
     for v, d in g.nodes(data=True):
-        s = d["op"].stream
+        written = s = d["op"].stream
         if not s:
             continue
         if not declared:
@@ -83,8 +83,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             pinned[v] = s
         else:
             pinned[v] = "main"
+            folded_ids.add(v)
             loc = cp.plan.locs.get(v)
-            folded.append(f"{v} pinned to {s} -> main (--streams {n} allows {', '.join(streams)})"
+            folded.append(f"{v} pinned to {written} -> main (--streams {n} allows {', '.join(streams)})"
                           + (f" at {loc}" if loc else ""))
     cp.streams = streams
     model = CostModel(cfg.profile, cp.plan.groups)
@@ -129,9 +130,11 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         assign.update({v: a[v] for v in own})
         decisions[ctx] = info
     decisions = {c: decisions[c] for c in scopes}  # the report lists scopes in plan order
+    for c, info in decisions.items():  # a folded pin is not kept where it was pinned
+        info["pinned"] -= sum(1 for v in scopes[c] if v in folded_ids)
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
-    cp.bucket_plans = bucket_ranges(cp, decisions, scopes)
-    if cp.bucket_plans:
+    cp.bucket_ranges = bucket_ranges(cp, decisions, scopes)
+    if cp.bucket_ranges:
         decisions[()]["per_bucket"] = True
     changed = False
     for v in g.nodes:
@@ -145,6 +148,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     cp.report[NAME] = [{"scopes": labels, "decision": msg} for msg, labels in grouped.items()]
     cp.report[NAME + ":scopes"] = [{"scope": [list(x) for x in ctx], **{k: v for k, v in info.items() if k != "text"}}
                                    for ctx, info in decisions.items()]
+    cp.report[NAME + ":measured_used"] = len(model.hits)  # tuning times the planner looked up
     if folded:
         cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
     return cp, changed
@@ -193,6 +197,7 @@ def _own_part(cp, own, a, info, pinned):
             "used": sorted({a[v] for v in real if a[v] != "main"})}
     if info["mode"] == "pinned" and not any(pinned.get(v, "main") != "main" for v in own):
         info["mode"] = "serial"  # only the regions' own choices were off main
+        info["beside_regions"] = True
     return a, info
 
 
@@ -269,9 +274,12 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
           and all(r <= s + 1e-9 for r, s in zip(rated[k], serial, strict=True))
           and max(s - r for r, s in zip(rated[k], serial, strict=True)) >= min_gain]
     info = {"buckets": buckets, "serial_us": [round(s, 2) for s in serial], "streams": len(streams)}
-    if ok:
-        k = min(ok, key=lambda k: (round(worst_loss(k), 6), sum(rated[k]), _moved(cands[k])))
-        chosen, why = cands[k], "chosen"
+    # the pins (or the regions' decided streams) alone compete too: a move on top of them must
+    # beat what they already overlap
+    pool = ok + ([pins_only] if ok and _moved(serial_a) else [])
+    if pool:
+        k = min(pool, key=lambda k: (round(worst_loss(k), 6), sum(rated[k]), _moved(cands[k])))
+        chosen, why = cands[k], ("chosen" if k != pins_only else "pinned")
     else:
         k, chosen = pins_only, serial_a
         why = "pinned" if _moved(serial_a) else "serial"
@@ -282,14 +290,19 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
     alts = {}
     for i in range(len(buckets)):
         w = min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk])))
-        # min_gain bounds a fork against serial; between two forks a relative margin is enough
-        if w != k and rated[w][i] <= serial[i] + 1e-9 and rated[k][i] - rated[w][i] >= BUCKET_PLAN_GAIN * rated[k][i]:
+        if w == k or rated[w][i] > serial[i] + 1e-9:
+            continue
+        # another plan for this bucket must beat the single choice by 1 % and by more than two
+        # events (no mirror images of it), and a fork must save min_gain against serial there
+        better = rated[k][i] - rated[w][i] >= max(BUCKET_PLAN_GAIN * rated[k][i], 2 * ev)
+        worth = w == pins_only or serial[i] - rated[w][i] >= min_gain
+        if better and worth:
             alts[i] = (cands[w], round(rated[w][i], 2))
     moved = sum(1 for v in nodes if chosen[v] != "main" and g.nodes[v]["op"].op not in VIEW_OPS)
     info.update(scheduled_us=[round(s, 2) for s in sched], mode=why, moved=moved,
                 used=sorted({s for s in chosen.values() if s != "main"}),
                 pinned=sum(1 for v in nodes if v in pinned),
-                differs=len(winners) > 1, worst_loss_us=round(worst_loss(k), 2),
+                differs=len(winners) > 1 and worst_loss(k) >= 0.05, worst_loss_us=round(worst_loss(k), 2),
                 best_multi=_best_multi(rated, cands, pins_only, serial, buckets))
     if alts:
         info["bucket_alts"] = alts  # {bucket index: (assignment, scheduled us)}; taken out of the report
@@ -492,7 +505,8 @@ def _text(info: dict) -> str:
         how = ""
         if info.get("per_bucket"):
             how = ("; the best assignment differs across buckets: this one (the smallest worst-case loss,"
-                   f" {info['worst_loss_us']:.1f} us) where no other is 1 % faster, planned per bucket elsewhere")
+                   f" {info['worst_loss_us']:.1f} us), and sizes where another is faster by 1 % get their own"
+                   " (plan-buckets)")
         elif info["differs"]:
             how = (f"; the best assignment differs across buckets: chose the one with the smallest worst-case"
                    f" loss ({info['worst_loss_us']:.1f} us)")
@@ -508,6 +522,9 @@ def _text(info: dict) -> str:
     if info["mode"] == "variant":
         return (f"serial: the overlap made variant {info['variant']} {info['variant_us']:.1f} us vs"
                 f" {info['variant_serial_us']:.1f} us serial at {_fmt(info['at'])}{pins}")
+    if info.get("beside_regions"):
+        return ("serial: no op outside the regions moves with profit beside the regions' own streams"
+                f" ({sch[-1]:.1f} us at {_fmt(bk[-1])}){pins}")
     bm = info.get("best_multi")
     if bm is None:
         why = "one stream allowed (--streams 1)" if info["streams"] == 1 else "no independent work to overlap"

@@ -1,6 +1,6 @@
 """plan-buckets: a stream plan of its own for each range of the dim where one pays.
 
-Pre: derive-events done; assign-streams left cp.bucket_plans (ranges of one dim whose buckets
+Pre: derive-events done; assign-streams left cp.bucket_ranges (ranges of one dim whose buckets
 another assignment serves better than the scope's single choice, by the same scheduled
 estimate). Post: each range with its own assignment carries a verified `cp` of its own (the
 same ops, fusion and issue order; its streams, records, waits and exit join), which the
@@ -76,16 +76,18 @@ def piece_view(cp: Compiled, streams: dict) -> Compiled:
         view.graph.nodes[v]["stream"] = s
     view.report = {}
     view.bucket_plans = []
+    view.bucket_ranges = []
     view.passes_run = list(cp.passes_run)
     return view
 
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
-    plans = cp.bucket_plans
-    if not plans or not cp.schedule:
+    plans = [dict(p) for p in cp.bucket_ranges]
+    if not cp.schedule or not any(p["streams"] is not None for p in plans):
         cp.bucket_plans = []
         cp.report[NAME] = []
         return cp, False
+    cp.bucket_plans = plans
     for p in plans:
         if p["streams"] is None:
             p["cp"] = None

@@ -25,9 +25,15 @@ def _note(msg: str) -> None:
 
 def compile_for_viz(plan, after: str | None = None, disable: list[str] | None = None):
     """The compiled plan through the pipeline (stopping after `after`)."""
-    from ..pipeline import CompileConfig, compile_plan
-    cfg = CompileConfig(disable_passes=set(disable or ()), stop_after=after)
+    from ..commands import tuned_config
+    from ..pipeline import compile_plan
+    # the configuration `planner compile` uses (shipped tuning included), so both show one plan
+    cfg = tuned_config(plan, disable_passes=set(disable or ()), stop_after=after)
     cp = compile_plan(plan, cfg)
+    for p in cp.bucket_plans:
+        if p.get("cp") is not None:
+            _note(f"{p['dim']} {p['lo']}..{p['hi']} runs a stream plan of its own, not drawn here"
+                  f" (planner compile lists it)")
     ran = list(getattr(cp, "passes_run", []) or [])
     what = f"after {after}" if after else (f"after {len(ran)} passes" if ran else "")
     return cp, what
