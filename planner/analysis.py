@@ -70,9 +70,19 @@ def _gate(v, gates: dict | None):
     return g
 
 
+_GATE_NAMES: dict[int, tuple] = {}  # id(gate expr) -> (expr, its free names): gates are walked once
+
+
+def _gate_names(expr):
+    hit = _GATE_NAMES.get(id(expr))
+    if hit is None or hit[0] is not expr:
+        hit = _GATE_NAMES[id(expr)] = (expr, frozenset(free_names(expr)))
+    return hit[1]
+
+
 def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None) -> bool:
     """Does variant v's gate hold at bindings b whatever the other run-time facts are?"""
-    names = free_names(v.when)
+    names = _gate_names(v.when)
     if any(n not in cp.plan.dims and n not in _SURE_FACTS and not n.startswith("tuned.") for n in names):
         return False
     g = _gate(v, gates)
