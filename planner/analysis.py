@@ -76,6 +76,8 @@ _GATE_NAMES: dict[int, tuple] = {}  # id(gate expr) -> (expr, its free names): g
 def _gate_names(expr):
     hit = _GATE_NAMES.get(id(expr))
     if hit is None or hit[0] is not expr:
+        if len(_GATE_NAMES) > 4096:  # bounded in a long-running process that compiles many plans
+            _GATE_NAMES.clear()
         hit = _GATE_NAMES[id(expr)] = (expr, frozenset(free_names(expr)))
     return hit[1]
 

@@ -56,7 +56,8 @@ def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE,
     if tuning is None:
         data, source = match_tuning(device, plan.tuned, gemm_shapes(plan))
         tuning = data or {}
-    profile = kw.pop("profile", None) or DeviceProfile()
+    import dataclasses
+    profile = dataclasses.replace(kw.pop("profile", None) or DeviceProfile())  # the caller's stays as it is
     if tuning.get("measured"):
         profile.measured = {k: v for k, v in tuning["measured"].items() if isinstance(v, (int, float))}
     return CompileConfig(profile=profile, tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},

@@ -123,10 +123,10 @@ def _samples(cp: Compiled) -> list[dict]:
     dims = cp.plan.dims
     if not dims:
         return [{}]
-    names = list(dims)
+    lead = "num_tokens" if "num_tokens" in dims else next(iter(dims))  # the token dim (analysis._walked_dims)
     out = []
-    for b in dims[names[0]].buckets + [dims[names[0]].lo, dims[names[0]].hi]:
-        out.append({**{n: dims[n].hi for n in names[1:]}, names[0]: b})
+    for b in dims[lead].buckets + [dims[lead].lo, dims[lead].hi]:
+        out.append({**{n: d.hi for n, d in dims.items()}, lead: b})
     return out
 
 

@@ -368,7 +368,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                 d = p["dim"]
                 if p.get("cp") is not None and d in r["bindings"] and r["bindings"][d] in p["buckets"]:
                     us = p["scheduled_us"][p["buckets"].index(r["bindings"][d])]
-                    L.append(st.dim(f"  {'':<{wv}}{'':<{wd}}{'':>12}{us:>15.1f}{r['serial_us'] / us:>7.2f}x"
+                    gain = r["serial_us"] / us if us else 1.0
+                    L.append(st.dim(f"  {'':<{wv}}{'':<{wd}}{'':>12}{us:>15.1f}{gain:>7.2f}x"
                                     f"  its own stream plan ({d} {p['lo']}..{p['hi']})"))
         for name, why in never:
             L.append(st.yellow(f"  {name}: never runs: {why} (with these tuned limits)"))

@@ -132,7 +132,7 @@ def test_report_and_json_name_each_range(tmp_path):
     assert "planned per bucket: 3 ranges of num_tokens" in text
     own = next(p for p in cp.bucket_plans if p["cp"] is not None)
     assert f"num_tokens {own['lo']}..{own['hi']}:" in text and f"its own stream plan (num_tokens {own['lo']}" in text
-    assert "get their own (plan-buckets)" in text
+    assert "the best assignment differs across buckets: chose the one with the smallest worst-case loss" in text
     js = to_json(cp, CompileConfig(profile=prof))["bucket_plans"]
     assert [(p["min"], p["max"]) for p in js] == [(1, 8), (9, 16), (17, 64)]
     for p, mine in zip(js, cp.bucket_plans, strict=True):
@@ -241,3 +241,33 @@ def test_no_range_plan_for_a_near_tie_or_a_fork_that_does_not_pay(tmp_path):
     assert cp.bucket_plans == []
     cp = with_times(tmp_path, measured(tmp_path), min_gain_us=100.0)  # no fork pays 100 us
     assert cp.bucket_plans == [] and cp.report["assign-streams:scopes"][0]["mode"] == "serial"
+
+
+def test_an_exact_tie_gets_no_range_plan_even_at_zero_cost(tmp_path):
+    """At a bucket where everything costs 0 (num_tokens 0) and events cost 0, the serial plan ties
+    the single choice: a tie is not a gain, and the report never divides by a zero time."""
+    head = """
+plan: z
+params: {hidden: 64}
+dims: {num_tokens: {range: 0..64, buckets: [0, 1, 8, 64]}}
+inputs:
+  x: bf16[num_tokens, hidden]
+weights:
+  w: bf16[hidden, hidden]
+  w2: bf16[hidden, hidden]
+  w3: bf16[hidden, hidden]
+"""
+    body = "outputs: [p, r]\nops:\n  - h: gemm(x, w)\n  - p: gemm(h, w2)\n  - r: gemm(h, w3)\n"
+    cfg = CompileConfig(profile=DeviceProfile(event_us=0.0), verify_each=True)
+    cp = compiled(tmp_path, body, head, cfg)
+    for p in cp.bucket_plans:
+        if p["cp"] is not None:
+            assert all(a < 0.99 * b for a, b in zip(p["scheduled_us"], p["single_us"], strict=True)), p
+    to_text(cp, cfg)
+
+
+def test_a_disabled_pass_leaves_no_claim_of_ranges_in_the_decision(tmp_path):
+    cp = with_times(tmp_path, measured(tmp_path), disable_passes={"plan-buckets"})
+    text = to_text(cp, CompileConfig())
+    assert "plan-buckets" not in text.split("Streams", 1)[1].split("Schedule", 1)[0]
+    assert not any(i.get("per_bucket") for i in cp.report["assign-streams:scopes"])

@@ -116,6 +116,8 @@ def time_graphs(fns: dict, iters: int = 20, trials: int = 5, warmup: int = 2, ns
     their memory lands), which would otherwise decide close comparisons. Without a GPU: eager wall
     clock (eager_times), same interface."""
     import torch
+    if instances < 1:
+        raise ValueError(f"time_graphs: instances must be >= 1, got {instances}")
     if not torch.cuda.is_available():
         return eager_times(fns, iters, trials)
     graphs = {}

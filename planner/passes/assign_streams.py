@@ -133,9 +133,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     for c, info in decisions.items():  # a folded pin is not kept where it was pinned
         info["pinned"] -= sum(1 for v in scopes[c] if v in folded_ids)
     _check_variants(cp, order, assign, decisions, scopes, cost, tuned, ev, pinned, moved, bw)
-    cp.bucket_ranges = bucket_ranges(cp, decisions, scopes)
-    if cp.bucket_ranges:
-        decisions[()]["per_bucket"] = True
+    cp.bucket_ranges = bucket_ranges(cp, decisions, scopes)  # plan-buckets makes them plans
     changed = False
     for v in g.nodes:
         if g.nodes[v]["stream"] != assign[v]:
@@ -294,7 +292,7 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
             continue
         # another plan for this bucket must beat the single choice by 1 % and by more than two
         # events (no mirror images of it), and a fork must save min_gain against serial there
-        better = rated[k][i] - rated[w][i] >= max(BUCKET_PLAN_GAIN * rated[k][i], 2 * ev)
+        better = rated[k][i] - rated[w][i] > max(BUCKET_PLAN_GAIN * rated[k][i], 2 * ev, 1e-6)
         worth = w == pins_only or serial[i] - rated[w][i] >= min_gain
         if better and worth:
             alts[i] = (cands[w], round(rated[w][i], 2))
@@ -503,11 +501,7 @@ def _text(info: dict) -> str:
         gains = [s - r for s, r in zip(ser, sch, strict=True)]
         lo, hi = min(range(len(bk)), key=lambda i: gains[i]), max(range(len(bk)), key=lambda i: gains[i])
         how = ""
-        if info.get("per_bucket"):
-            how = ("; the best assignment differs across buckets: this one (the smallest worst-case loss,"
-                   f" {info['worst_loss_us']:.1f} us), and sizes where another is faster by 1 % get their own"
-                   " (plan-buckets)")
-        elif info["differs"]:
+        if info["differs"]:
             how = (f"; the best assignment differs across buckets: chose the one with the smallest worst-case"
                    f" loss ({info['worst_loss_us']:.1f} us)")
         least = f", {sch[lo]:.1f} vs {ser[lo]:.1f} us at {_fmt(bk[lo])}" if lo != hi else ""

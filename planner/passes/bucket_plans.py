@@ -28,7 +28,7 @@ def bucket_ranges(cp, decisions, scopes) -> list[dict]:
     variants combine, and the whole-variant check rates one assignment per scope) whose buckets
     walk one dim; the plan-buckets pass derives each range's events."""
     alts = {c: info.pop("bucket_alts") for c, info in decisions.items() if "bucket_alts" in info}
-    if len(scopes) != 1 or () not in alts or decisions[()]["mode"] not in ("chosen", "serial"):
+    if len(scopes) != 1 or () not in alts or decisions[()]["mode"] not in ("chosen", "serial", "pinned"):
         return []
     info, own = decisions[()], scopes[()]
     bks = info["buckets"]
