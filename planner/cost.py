@@ -268,6 +268,22 @@ class CostModel:
         return p.kernel_us
 
 
+    def op_demand(self, op, tensors: dict, bindings: dict) -> float:
+        """What an op takes of the resource ops running at once share, in HBM bytes: op_bytes, and for
+        a GEMM whose math outlasts its memory traffic, the bytes its math time would move at the
+        full bandwidth (two compute-bound GEMMs on two streams share the tensor cores as two
+        weight-streaming ones share HBM; planner/sharing.py)."""
+        moved = self.op_bytes(op, tensors, bindings)
+        if op.op not in ("gemm", "gemm_chain"):
+            return moved
+        ins = [tensors[n] for n in op.inputs()]
+        m = eval_int(ins[0].shape[0], bindings)
+        flops = 0.0
+        for w in (ins[1:2] if op.op == "gemm" else ins[1:3]):
+            flops += 2.0 * m * eval_int(w.shape[0], bindings) * eval_int(w.shape[1], bindings)
+        rate = self.p.fp8_tflops if ins[0].dtype in FP8_DTYPES else self.p.bf16_tflops
+        return max(moved, flops / (rate * 1e6) * self.p.hbm_gbps * 1e3)
+
     def op_bytes(self, op, tensors: dict, bindings: dict) -> float:
         """HBM bytes one op moves (what ops running at once share; op_us's bandwidth term for
         gemms and one-pass kernels): its inputs read once and its outputs written once (rope

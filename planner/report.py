@@ -56,7 +56,7 @@ def _estimates(cp: Compiled, cfg) -> tuple[list[dict], list[str]]:
     model = CostModel(cfg.profile, cp.plan.groups)
     tuned = {**cp.plan.tuned, **cfg.tuned}
     g = cp.graph
-    us, nbytes = per_op(cp, model.op_us), per_op(cp, model.op_bytes)  # the variants share buckets
+    us, nbytes = per_op(cp, model.op_us), per_op(cp, model.op_demand)  # the variants share buckets
     alike = len(region_groups(cp)) == 1
     out, never = [], []
     for label, choice in variant_picks(cp):

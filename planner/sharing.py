@@ -1,6 +1,7 @@
 """Makespan of a multi-stream schedule whose ops share the GPU's HBM bandwidth.
 
-An op alone takes `cost` us and moves `bytes` through HBM. It is modelled in two phases: a
+An op alone takes `cost` us and moves `bytes` through HBM (a compute-bound GEMM: the bytes its
+math time would move, planner.cost.CostModel.op_demand). It is modelled in two phases: a
 latency part (launch, ramp, tail: cost - bytes / bandwidth, needing no bandwidth) and a
 transfer part (bytes / bandwidth at the full bandwidth). Latency parts of ops on different
 streams overlap freely; transfer parts running at once split the bandwidth. So two GEMMs that

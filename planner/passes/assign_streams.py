@@ -94,7 +94,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     order = issue_order(cp)
     cost = per_op(cp, model.op_us)
     bw = cfg.profile.hbm_gbps * 1e3 if cfg.share_bandwidth else 0.0  # bytes per us
-    moved = per_op(cp, model.op_bytes) if bw > 0 else None
+    moved = per_op(cp, model.op_demand) if bw > 0 else None
     scopes: dict[tuple, list[str]] = {}
     for v in order:
         scopes.setdefault(g.nodes[v]["ctx"], []).append(v)
