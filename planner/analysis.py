@@ -14,7 +14,7 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
-__all__ = ["allowed_buckets", "possible_buckets", "why_never", "running_variants", "region_groups", "group_label",
+__all__ = ["allowed_buckets", "possible_buckets", "why_never", "never_running", "running_variants", "region_groups", "group_label",
            "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "per_op", "simulate",
            "simulator", "variant_choice", "issue_order", "graph_shape"]
 
@@ -141,6 +141,19 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
     return f"every size where its gate holds is taken by {names} before it"
 
 
+def never_running(cp: Compiled, tuned: dict) -> dict[tuple[str, str], str]:
+    """(region, variant) -> why_never's reason, for every live variant of the first region of each
+    group of alike regions (region_groups) that takes no call at any bucket."""
+    out = {}
+    variants = _variants(cp)
+    for rids in region_groups(cp):
+        for v in variants.get(rids[0], []):
+            why = why_never(cp, rids[0], v.name, tuned)
+            if why:
+                out[(rids[0], v.name)] = why
+    return out
+
+
 MAX_COMBOS = 32  # variant combinations estimated when regions differ (beyond: one name at a time)
 
 
@@ -196,17 +209,16 @@ def running_variants(cp: Compiled, b: dict, tuned: dict) -> dict[str, str]:
 
 
 def _walked_dims(cp: Compiled, ctx: tuple) -> list[str]:
-    """The dims whose buckets a scope is rated at: the token dim (`num_tokens` where the plan
-    declares it, else its first dim: the count every cost scales with) and every dim a gate of
-    ctx, or of a variant before it, names."""
+    """The dims whose buckets a scope is rated at: the token dim (Plan.token_dim: the count every
+    cost scales with) and every dim a gate of ctx, or of a variant before it, names."""
     names = list(cp.plan.dims)
-    lead = "num_tokens" if "num_tokens" in cp.plan.dims else (names[0] if names else None)
+    lead = cp.plan.token_dim
     used = set()
     variants = _variants(cp)
     for rid, vname in ctx:
         for v in variants.get(rid, []):
             if v.when is not None:
-                used |= free_names(v.when)
+                used |= _gate_names(v.when)
             if v.name == vname:
                 break
     return [n for n in names if n == lead or n in used]

@@ -48,11 +48,13 @@ def resolve_compile_tuning(args, plan) -> tuple[dict, str]:
     return (data or {}), source
 
 
-def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE, **kw) -> CompileConfig:
+def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE, source: str | None = None,
+                 **kw) -> CompileConfig:
     """The CompileConfig `planner compile` uses for a plan: the cost model reads the tuning's
     measured times and the gates its limits; tuning None: the shipped tuning matching `device`
-    and the plan (planner/tuned/), if any. kw: other CompileConfig fields (num_streams, ...)."""
-    source = "tuning= (given)"
+    and the plan (planner/tuned/), if any. source: where a given tuning came from (the report's
+    tuning line). kw: other CompileConfig fields (num_streams, profile, ...)."""
+    source = "tuning= (given)" if source is None else source
     if tuning is None:
         data, source = match_tuning(device, plan.tuned, gemm_shapes(plan))
         tuning = data or {}
@@ -70,20 +72,17 @@ def config_from_args(args, plan=None) -> CompileConfig:
     else:
         tuning, source = read_tuning(getattr(args, "tuning", None)), getattr(args, "tuning", None) or "none"
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
-    if tuning.get("measured"):
-        profile.measured = {k: v for k, v in tuning["measured"].items() if isinstance(v, (int, float))}
     if args.streams < 1:
         raise PlanError.at(None, "schema", "--streams must be at least 1")
     if not (args.min_gain_us >= 0 and args.min_gain_us != float("inf")):  # NaN fails the first test
         raise PlanError.at(None, "schema", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
-    return CompileConfig(
+    return tuned_config(
+        plan, tuning, source=source or "", profile=profile,
         disable_passes=set(args.disable_pass), num_streams=args.streams, bucket_cap_mb=args.bucket_cap_mb,
-        packing=args.packing, min_gain_us=args.min_gain_us, profile=profile,
+        packing=args.packing, min_gain_us=args.min_gain_us,
         share_bandwidth=not getattr(args, "free_overlap", False),
-        tuned={k: int(v) for k, v in tuning.get("limits", {}).items()},
         verify_each=getattr(args, "verify_each", False),
         dump_after=set(getattr(args, "dump_after", []) or []),
-        tuning_source=(source or "") + extern_note(tuning),
     )
 
 
@@ -117,12 +116,13 @@ def cmd_validate(args) -> int:
 
 def _dead_variants(cp, cfg) -> list[str]:
     """One line per variant (of each group of alike regions) that takes no call at any size."""
-    from .analysis import group_label, region_groups, why_never
+    from .analysis import group_label, never_running, region_groups
     tuned = {**cp.plan.tuned, **cfg.tuned}
+    never = never_running(cp, tuned)
     out = []
     for rids in region_groups(cp):
         for v in cp.variants.get(rids[0], []):
-            why = why_never(cp, rids[0], v.name, tuned)
+            why = never.get((rids[0], v.name))
             if why:
                 loc = v.loc
                 where = f"{loc.file}:{loc.line}: " if loc is not None and loc.line else ""

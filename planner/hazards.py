@@ -123,7 +123,7 @@ def _samples(cp: Compiled) -> list[dict]:
     dims = cp.plan.dims
     if not dims:
         return [{}]
-    lead = "num_tokens" if "num_tokens" in dims else next(iter(dims))  # the token dim (analysis._walked_dims)
+    lead = cp.plan.token_dim
     out = []
     for b in dims[lead].buckets + [dims[lead].lo, dims[lead].hi]:
         out.append({**{n: d.hi for n, d in dims.items()}, lead: b})

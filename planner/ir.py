@@ -72,5 +72,10 @@ class Plan:
                 return o
         raise KeyError(op_id)
 
+    @property
+    def token_dim(self) -> str | None:
+        """The dim every cost scales with: `num_tokens` where declared, else the first dim."""
+        return "num_tokens" if "num_tokens" in self.dims else next(iter(self.dims), None)
+
     def dim_ranges(self) -> dict[str, tuple[int, int]]:
         return {k: (d.lo, d.hi) for k, d in self.dims.items()}

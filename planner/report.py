@@ -18,6 +18,7 @@ import sys
 from .analysis import (
     allowed_buckets,
     group_label,
+    never_running,
     per_op,
     possible_buckets,
     region_groups,
@@ -27,7 +28,6 @@ from .analysis import (
 )
 from .cost import CostModel
 from .graph import Compiled, compatible
-from .ops import VIEW_OPS as _VIEWS
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
 from .shapes import fmt_dim, fmt_shape
 
@@ -175,12 +175,12 @@ def _bucket_plan_lines(cp: Compiled, st) -> list[str]:
         return []
     L = [f"  planned per bucket: {len(cp.bucket_plans)} ranges of {cp.bucket_plans[0]['dim']}, each call runs the"
          f" plan of its range"]
-    for p in cp.bucket_plans:
+    for p, decided in zip(cp.bucket_plans, cp.report.get("plan-buckets") or [], strict=True):
         rng = f"{p['dim']} {p['lo']}..{p['hi']}"
         if p.get("cp") is None:
             L.append(f"    {rng}: the assignment above")
             continue
-        side = sorted(v for v, s in p["streams"].items() if s != "main" and cp.op(v).op not in _VIEWS)
+        side = decided["on_side"]
         on = ", ".join(side) + " on " + ", ".join(sorted({p["streams"][v] for v in side})) if side else "all on main"
         i = max(range(len(p["buckets"])), key=lambda j: p["single_us"][j] - p["scheduled_us"][j])
         ev = p["cp"].report.get("derive-events") or {}
@@ -332,14 +332,14 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     if cp.variants:
         L.append("")
         L.append(st.bold("Variants") + st.dim("  (tried in order at run time; the last is the fallback)"))
+        never = never_running(cp, {**cp.plan.tuned, **cfg.tuned})
         for rids in region_groups(cp):
             rid = rids[0]
             L.append(f"  region {group_label(rids)}:")
-            tuned = {**cp.plan.tuned, **cfg.tuned}
             for v in plan.regions[rid].variants:
                 live = v in cp.variants[rid]
                 gate = v.when_text if v.when is not None else "fallback"
-                dead = why_never(cp, rid, v.name, tuned) if live else None
+                dead = never.get((rid, v.name)) if live else None
                 mark = "" if live else st.yellow("  [removed at compile time]")
                 if dead:
                     mark = st.yellow(f"  [never runs: {dead}]")

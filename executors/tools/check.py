@@ -208,21 +208,24 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
     report["checked"] = [{"forced": None, "variants": dict(ex.last_variants), "ok": ok,
                           "bad": [e["name"] for e in report["outputs"] if not e["ok"]]}]
     if every_variant:
-        for forced in forced_runs(cp):
-            ex.forced = forced
-            try:
-                fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
-            finally:
-                ex.forced = {}
+        def forced_run(entry: dict, what: str) -> None:
+            """One call with what ex is forced to run (a variant, a range's stream plan), checked."""
+            fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
             fok, entries = _compare(plan, fouts, routs, precision)
-            report["checked"].append({"forced": forced, "variants": dict(ex.last_variants), "ok": fok,
-                                      "bad": [e["name"] for e in entries if not e["ok"]],
+            bad = [e["name"] for e in entries if not e["ok"]]
+            report["checked"].append({**entry, "variants": dict(ex.last_variants), "ok": fok, "bad": bad,
                                       "max_abs_err": max((e["max_abs_err"] for e in entries), default=0.0)})
             if not fok:
                 report["ok"] = False
-                name = next(iter(forced.values()))
-                msg = f"variant '{name}' (forced) computes something else: {', '.join(report['checked'][-1]['bad'])}"
+                msg = f"{what} (forced) computes something else: {', '.join(bad)}"
                 report["why"] = f"{report['why']}; {msg}" if report.get("why") else msg
+
+        for forced in forced_runs(cp):
+            ex.forced = forced
+            try:
+                forced_run({"forced": forced}, f"variant '{next(iter(forced.values()))}'")
+            finally:
+                ex.forced = {}
         # every per-range stream plan (planner/passes/bucket_plans.py) at these dims: the same ops
         # on other streams with other events must compute the same
         ran = ex.last_piece
@@ -232,15 +235,7 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
                 continue
             ex.forced_piece = i
             try:
-                fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
+                forced_run({"forced": None, "stream_plan": f"{d} {lo}..{hi}"}, f"the stream plan of {d} {lo}..{hi}")
             finally:
                 ex.forced_piece = None
-            fok, entries = _compare(plan, fouts, routs, precision)
-            report["checked"].append({"forced": None, "stream_plan": f"{d} {lo}..{hi}", "variants": dict(ex.last_variants),
-                                      "ok": fok, "bad": [e["name"] for e in entries if not e["ok"]],
-                                      "max_abs_err": max((e["max_abs_err"] for e in entries), default=0.0)})
-            if not fok:
-                report["ok"] = False
-                msg = f"the stream plan of {d} {lo}..{hi} (forced) computes something else: {', '.join(report['checked'][-1]['bad'])}"
-                report["why"] = f"{report['why']}; {msg}" if report.get("why") else msg
     return report

@@ -16,27 +16,15 @@ from __future__ import annotations
 import importlib
 from types import SimpleNamespace
 
-from planner.cost import op_signature
-
 from ..backends.registry import impl_of
+from .tune_ops import keyed_ops
 
 __all__ = ["extern_sites", "tune_externs", "load_externs"]
 
 
 def extern_sites(cp, dim: str, buckets: list) -> dict:
     """{signature: (op, input specs, bindings)} of every extern of the compiled plan per bucket."""
-    g = cp.graph
-    out = {}
-    for v in cp.schedule or list(g.nodes):
-        op = g.nodes[v]["op"]
-        if op.op != "extern":
-            continue
-        specs = [cp.tensors[n] for n in op.inputs()]
-        outs = [cp.tensors[n] for n in op.out if n in cp.tensors]
-        for b in buckets:
-            bind = {**cp.plan.params, **{d: cp.plan.dims[d].hi for d in cp.plan.dims}, dim: b}
-            out.setdefault(op_signature(op, specs, bind, outs), (op, specs, bind))
-    return out
+    return keyed_ops(cp, dim, buckets, want=lambda op: op.op == "extern")
 
 
 def tune_externs(cp, dim: str, buckets: list, res: dict, externs: dict, device: str = "cuda", iters=20,

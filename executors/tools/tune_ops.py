@@ -26,18 +26,20 @@ def _is_keyed(op) -> bool:
     return op.op in TUNABLE_KINDS or (op.op == "gemm" and getattr(op, "scaled", False))
 
 
-def keyed_ops(cp, dim: str, buckets: list) -> dict:
-    """{signature: (op, input specs, bindings)} of every keyed op of the compiled plan per bucket."""
+def keyed_ops(cp, dim: str, buckets: list, want=_is_keyed) -> dict:
+    """{signature: (op, input specs, bindings)} of every op of the compiled plan that `want`
+    picks (default: the keyed ops), per bucket."""
     g = cp.graph
     out = {}
     for v in cp.schedule or list(g.nodes):
         op = g.nodes[v]["op"]
-        if not _is_keyed(op):
+        if not want(op):
             continue
         specs = [cp.tensors[n] for n in op.inputs()]
+        outs = [cp.tensors[n] for n in op.out if n in cp.tensors]
         for b in buckets:
             bind = {**cp.plan.params, **{d: cp.plan.dims[d].hi for d in cp.plan.dims}, dim: b}
-            out.setdefault(op_signature(op, specs, bind), (op, specs, bind))
+            out.setdefault(op_signature(op, specs, bind, outs), (op, specs, bind))
     return out
 
 
