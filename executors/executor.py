@@ -83,9 +83,9 @@ class Executor:
         # waits on every variant's producer of a region output); anything else is a planner bug
         g = cp.graph
         self._rec_guard = {e: tuple(tuple(x) for x in g.nodes[i["op"]]["ctx"])
-                           for evs in [cp.events] + [p[5] for p in pieces] for e, i in evs.items() if i.get("op") in g}
-        # per-range stream plans (planner/passes/bucket_plans.py): (dim, lo, hi, steps, exit waits)
-        self._pieces = [p[:5] for p in pieces]
+                           for evs in [cp.events] + [p.events for p in pieces] for e, i in evs.items() if i.get("op") in g}
+        # per-range stream plans (planner/passes/bucket_plans.py), executors.lowering.BucketSteps
+        self._pieces = list(pieces)
         self.forced_piece: int | None = None  # a range run regardless of the call's dims (checks)
         self.last_piece: int | None = None
 
@@ -161,7 +161,7 @@ class Executor:
         steps, exit_waits = self._steps, self._exit_waits
         if self._pieces:
             i = self.forced_piece if self.forced_piece is not None else self.piece_of(b)
-            steps, exit_waits = self._pieces[i][3], self._pieces[i][4]
+            steps, exit_waits = self._pieces[i].steps, self._pieces[i].exit_waits
             self.last_piece = i
         chosen: dict[str, str] = dict(self.forced)
         cuda = self._cuda
@@ -287,15 +287,16 @@ class Executor:
 
     def piece_of(self, b: dict) -> int:
         """The per-range stream plan a call with dims `b` runs."""
-        for i, (d, lo, hi, _, _) in enumerate(self._pieces):
-            if lo <= b[d] <= hi:
+        for i, p in enumerate(self._pieces):
+            if p.lo <= b[p.dim] <= p.hi:
                 return i
-        raise RuntimeError(f"internal error: {self._pieces[0][0]}={b[self._pieces[0][0]]} is in no stream plan's range")
+        d = self._pieces[0].dim
+        raise RuntimeError(f"internal error: {d}={b[d]} is in no stream plan's range")
 
     def every_step(self) -> list:
         """The lowered steps of the plan and of every per-range stream plan (each object once)."""
         seen, out = set(), []
-        for steps in [self._steps] + [p[3] for p in self._pieces]:
+        for steps in [self._steps] + [p.steps for p in self._pieces]:
             for st in steps:
                 if id(st) not in seen:
                     seen.add(id(st))
@@ -305,7 +306,7 @@ class Executor:
     @property
     def pieces(self) -> list[tuple]:
         """[(dim, lo, hi)] of the per-range stream plans ([] when one plan serves every size)."""
-        return [p[:3] for p in self._pieces]
+        return [(p.dim, p.lo, p.hi) for p in self._pieces]
 
     def _join(self, main, started, recorded, exit_waits):
         ev = self._events

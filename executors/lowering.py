@@ -8,6 +8,8 @@ The call itself is executors.executor.Executor.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import networkx as nx
 import torch
 
@@ -154,7 +156,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
             # create the cuBLAS handle now: a first torch.mm inside someone's graph capture
             # (e.g. a variant only captures take) would try to create it there and fail
             torch.cuda.current_blas_handle()
-            names = set(cp.events).union(*(set(p[5]) for p in pieces))
+            names = set(cp.events).union(*(set(p.events) for p in pieces))
             events = {e: torch.cuda.Event() for e in sorted(names)}
             events["entry"] = torch.cuda.Event()
     solver = DimSolver(plan, plan.inputs)
@@ -252,19 +254,28 @@ def _stream_fields(cp, steps) -> None:
             st.rs_streams = tuple(sorted(set(st.rs_streams) | {MAIN}))
 
 
-def bucket_steps(cp, steps) -> list:
-    """[(dim, lo, hi, steps, exit_waits, events of the range)] of the plan's per-range stream plans
-    (planner/passes/bucket_plans.py): the same lowered ops, with each range's streams and events;
-    [] when one plan serves every size."""
+class BucketSteps(NamedTuple):
+    """One range of a dim and what a call in it runs (planner/passes/bucket_plans.py)."""
+    dim: str
+    lo: int
+    hi: int
+    steps: list
+    exit_waits: list
+    events: dict  # the range's events: {id: {"op", "stream"}}
+
+
+def bucket_steps(cp, steps) -> list[BucketSteps]:
+    """The plan's per-range stream plans: the same lowered ops, with each range's streams and
+    events; [] when one plan serves every size."""
     import copy
     out = []
+    by_id = {st.id: st for st in steps}
     for p in cp.bucket_plans:
         own = p.get("cp")
         if own is None:
-            out.append((p["dim"], p["lo"], p["hi"], steps, list(cp.exit_waits), cp.events))
+            out.append(BucketSteps(p["dim"], p["lo"], p["hi"], steps, list(cp.exit_waits), cp.events))
             continue
-        by_id = {st.id: st for st in steps}
         mine = [copy.copy(by_id[v]) for v in own.schedule]
         _stream_fields(own, mine)
-        out.append((p["dim"], p["lo"], p["hi"], mine, list(own.exit_waits), own.events))
+        out.append(BucketSteps(p["dim"], p["lo"], p["hi"], mine, list(own.exit_waits), own.events))
     return out

@@ -15,7 +15,7 @@ from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
 __all__ = ["allowed_buckets", "possible_buckets", "why_never", "never_running", "running_variants", "region_groups", "group_label",
-           "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "op_demand", "per_op", "simulate",
+           "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "per_op", "simulate",
            "simulator", "variant_choice", "issue_order", "graph_shape"]
 
 
@@ -286,11 +286,6 @@ def issue_order(cp: Compiled) -> list[str]:
 
 def op_costs(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float]:
     return {v: model.op_us(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
-
-
-def op_demand(cp: Compiled, model: CostModel, bindings: dict) -> dict[str, float]:
-    """op -> HBM bytes it moves at `bindings` (what concurrent ops share)."""
-    return {v: model.op_bytes(d["op"], cp.tensors, bindings) for v, d in cp.graph.nodes(data=True)}
 
 
 def per_op(cp: Compiled, measure):

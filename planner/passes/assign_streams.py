@@ -284,10 +284,10 @@ def _plan_scope(cp, nodes, costs, buckets, streams, pinned, ev, min_gain, demand
     sched = rated[k]
     # does the best decision differ across buckets? (then the choice is the smallest worst-case loss,
     # and where another candidate beats it by enough at a bucket, that bucket gets its own: bucket_plans)
-    winners = {min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk]))) for i in range(len(buckets))}
+    best_at = [min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk]))) for i in range(len(buckets))]
+    winners = set(best_at)
     alts = {}
-    for i in range(len(buckets)):
-        w = min(rated, key=lambda kk: (rated[kk][i], _moved(cands[kk])))
+    for i, w in enumerate(best_at):
         if w == k or rated[w][i] > serial[i] + 1e-9:
             continue
         # another plan for this bucket must beat the single choice by 1 % and by more than two

@@ -37,7 +37,6 @@ def bucket_ranges(cp, decisions, scopes) -> list[dict]:
         return []
     d = walked[0]
     spec = cp.plan.dims[d]
-    g = cp.graph
     groups: list[list[int]] = []
     keys = []
     for i in range(len(bks)):
@@ -55,13 +54,8 @@ def bucket_ranges(cp, decisions, scopes) -> list[dict]:
         i0, i1 = grp[0], grp[-1]
         lo = spec.lo if i0 == 0 else bks[i0 - 1][d] + 1
         hi = spec.hi if i1 == len(bks) - 1 else bks[i1][d]
-        streams = None
-        if key is not None:
-            streams = dict(key)
-            for v in own:  # as _own_part: views of nothing inside stay on main
-                if g.nodes[v]["op"].op in VIEW_OPS and not g.nodes[v]["op"].stream and not any(
-                        u in streams for u in g.predecessors(v)):
-                    streams[v] = "main"
+        # the candidates' views already follow their producers (assign_streams._views_follow)
+        streams = None if key is None else dict(key)
         out.append({"dim": d, "lo": lo, "hi": hi, "streams": streams, "buckets": [bks[i][d] for i in grp],
                     "scheduled_us": [alts[()][i][1] if key is not None else info["scheduled_us"][i] for i in grp],
                     "single_us": [info["scheduled_us"][i] for i in grp]})
