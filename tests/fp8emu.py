@@ -3,7 +3,10 @@ kernel traces) on numpy vectors of a warp's 32 lanes, over a flat byte "device m
 mma.sync m16n8k16 f16 fragment layout of the PTX ISA emulated across lanes, and the kernel's
 epilogue (direct stores, or the shared-memory reduction over warps_k) rebuilt from the program's
 own index helpers. Every load is checked for alignment and bounds, every output for being
-written exactly once."""
+written exactly once. The bulk ring (Fp8Config.bulk) runs on an emulated shared memory: a bulk
+copy's bytes land only when a wait on its mbarrier's phase returns, a wait checks the phase's
+parity and that its byte count was armed and met, a read of bytes still in flight is refused,
+and so is a copy over landed bytes no lane has read yet."""
 
 from __future__ import annotations
 
@@ -71,6 +74,77 @@ class NumpyOps:
     def __init__(self, mem: Memory):
         self.mem = mem
         self.mma_calls = 0
+        self.new_block(0)
+
+    # ---- shared memory, mbarriers and bulk copies (the bulk ring) ----------------------
+    def new_block(self, smem_bytes: int):
+        self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
+        self.inflight = np.zeros(self.smem.size, dtype=bool)  # copied, not landed
+        self.unread = np.zeros(self.smem.size, dtype=bool)  # landed, not read since
+        self.bars = {}  # address -> dict(phase, armed, tx, copies)
+
+    @staticmethod
+    def _lanes(idx, limit):
+        return np.nonzero(np.broadcast_to(np.asarray(idx) < limit, (32,)))[0]
+
+    def _one(self, v, lane):
+        return int(np.broadcast_to(np.asarray(v), (32,))[lane])
+
+    def mbar_init(self, bar, count, idx, limit):
+        lanes = self._lanes(idx, limit)
+        assert len(lanes) == 1 and count == 1, "one lane initialises each barrier for one arrival"
+        b = self._one(bar, lanes[0])
+        assert b % 8 == 0 and b + 8 <= self.smem.size and b not in self.bars, f"barrier at {b}"
+        self.bars[b] = {"phase": 0, "armed": False, "tx": 0, "copies": []}
+
+    def mbar_init_fence(self):
+        pass
+
+    def sync_warp(self):
+        pass
+
+    def expect_tx(self, bar, nbytes, idx, limit):
+        lanes = self._lanes(idx, limit)
+        assert len(lanes) == 1, "one lane arms a phase"
+        st = self.bars[self._one(bar, lanes[0])]
+        assert not st["armed"], "phase armed twice"
+        st["armed"], st["tx"] = True, st["tx"] + nbytes
+
+    def bulk(self, dst, src, nbytes, bar, idx, limit):
+        assert nbytes % 16 == 0 and nbytes > 0
+        for lane in self._lanes(idx, limit):
+            d, s_, b = self._one(dst, lane), self._one(src, lane), self._one(bar, lane)
+            assert d % 16 == 0 and s_ % 16 == 0, "bulk copy addresses must be 16-byte aligned"
+            assert 0 < d and d + nbytes <= self.smem.size, "bulk copy outside shared memory"
+            span = slice(d, d + nbytes)
+            assert not self.inflight[span].any(), "two copies in flight into the same bytes"
+            assert not self.unread[span].any(), "copy over landed bytes nobody read"
+            data = self.mem.read(np.array([s_]), nbytes)[0].copy()
+            self.inflight[span] = True
+            st = self.bars[b]
+            st["copies"].append((d, data))
+            st["tx"] -= nbytes
+
+    def mbar_wait(self, bar, parity):
+        for b in {int(v) for v in np.broadcast_to(np.asarray(bar), (32,))}:
+            st = self.bars[b]
+            if st["phase"] % 2 != parity:  # that phase has completed before: no new bytes
+                continue
+            assert st["armed"] and st["tx"] == 0, f"phase {st['phase']} armed {st['armed']}, tx {st['tx']}"
+            for d, data in st["copies"]:
+                self.smem[d:d + data.size] = data
+                self.inflight[d:d + data.size] = False
+                self.unread[d:d + data.size] = True
+            st.update(phase=st["phase"] + 1, armed=False, copies=[])
+
+    def ld_smem(self, addr):
+        a = np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,))
+        assert (a % 16 == 0).all() and (a >= 0).all() and (a + 16 <= self.smem.size).all()
+        idx = a[:, None] + np.arange(16)
+        assert not self.inflight[idx].any(), "read of bytes still in flight"
+        self.unread[idx] = False
+        words = self.smem[idx].copy().view("<u4").astype(np.int64)
+        return [words[:, j] for j in range(4)]
 
     @staticmethod
     def Int32(v):
@@ -158,14 +232,18 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
         np.add.at(writes, (mm[ok], col[ok]), 1)
         out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
 
+    ring_bytes = WN * WK * cfg.bulk * cfg.bulk_stage_bytes()
     for bid in range(cfg.grid(n)):
         red = np.full(WK * WN * R * MT * 8, np.nan, dtype=np.float32)
+        ops.new_block(128 + ring_bytes + 8 * WN * WK * cfg.bulk)
         ln = None
         for warp in range(WN * WK):
             wn, wk = warp % WN, warp // WN
             n_tile0 = (bid * WN + wn) * (8 * R)
             ln = LaneProgram(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
+            if cfg.bulk:
+                ln.setup_bulk(np.int64(128), np.int64(128 + ring_bytes), warp, LANES, G, T)
             pre = ln.preload()
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
             acc = ln.run(pre)
@@ -189,6 +267,9 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
                 v = ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1))
                 ok = idx < ln.out_blk
                 store(mm[ok], col[ok], np.broadcast_to(v, idx.shape)[ok])
+        assert not ops.inflight.any(), "copies still in flight at the end of the block"
+        # every iteration of every warp waited for one completed phase of its stage
+        assert sum(st["phase"] for st in ops.bars.values()) == (ln.NIT * WN * WK if cfg.bulk else 0)
     assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
     return out, ops.mma_calls
 

@@ -224,6 +224,12 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, depth=3), 7, 48, 640),     # 5 iterations, 3 in flight
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, depth=2), 12, 24, 512),  # depth = iterations
     (Fp8Config(m_tile=8, tiles=1, warps_k=1, depth=4), 3, 16, 256),           # depth > iterations
+    # the bulk-copy ring: stages < iterations, = iterations + 1 (all in flight at once), a
+    # K split with interleaved and contiguous K orders, two warps along N, a clamped last tile
+    (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, bulk=2), 6, 40, 640),
+    (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, hw=2, bulk=3), 14, 24, 1024),
+    (Fp8Config(m_tile=16, tiles=4, warps_k=2, unroll=1, hw=4, ki=0, bulk=4), 11, 100, 768),
+    (Fp8Config(m_tile=8, tiles=2, warps_n=2, warps_k=1, unroll=2, hw=4, bulk=3), 2, 72, 512),
 ]
 
 
@@ -280,6 +286,33 @@ def test_emulator_catches_mismatched_k_permutation():
     finally:
         NumpyOps.mma = orig
     assert not _close(bad, ref, x, w)[0]
+
+
+@pytest.mark.parametrize("bug", ["parity", "ahead", "no_arm"])
+def test_emulator_catches_bulk_ring_mistakes(bug, monkeypatch):
+    """Negative controls of the emulated ring: waiting on the other phase parity reads bytes
+    still in flight; refilling a stage one iteration early copies over bytes not yet read (or
+    into bytes still in flight); a stage whose byte count is never armed never completes."""
+    from executors.cute import fp8_lane
+
+    cfg, m, n, k = Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, bulk=2), 4, 16, 640
+    rng = np.random.default_rng(5)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    sa, sb = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)
+    out, _ = emulate(cfg, x, w, sa, sb, 0, 0)
+    assert _close(out, _ref64(x, w, sa, sb, "tensor", "tensor"), x, w)[0]
+    lp = fp8_lane.LaneProgram
+    if bug == "parity":
+        monkeypatch.setattr(lp, "bulk_wait", lambda self, it: self.o.mbar_wait(
+            self.bars + self.o.Int32((it % self.S) * 8), 1 - (it // self.S) % 2))
+    elif bug == "ahead":
+        orig = lp.bulk_issue
+        monkeypatch.setattr(lp, "bulk_issue", lambda self, it: orig(self, it + 1) if it >= 1 else orig(self, it))
+    else:
+        monkeypatch.setattr(NumpyOps, "expect_tx", lambda self, bar, nbytes, idx, limit: None)
+    why = {"parity": "in flight", "ahead": "armed twice|copy over landed bytes|copies in flight", "no_arm": "armed False"}
+    with pytest.raises(AssertionError, match=why[bug]):
+        emulate(cfg, x, w, sa, sb, 0, 0)
 
 
 def test_acc_entries_match_the_bf16_kernels():
@@ -395,6 +428,41 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
             # the whole grid is resident at once (no second wave), by registers and threads
             per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32)
             assert cfg.grid(n) <= fp8.SMS * per_sm, (name, cfg.key(), regs, per_sm)
+
+
+def test_sass_bulk_ring_copies_before_wait_no_spills():
+    """The bulk ring as ptxas made it: one bulk copy (UBLKCP) per iteration, the first S - 1 of
+    them before griddepcontrol.wait, one shared load per weight vector, nothing spilled."""
+    _need_cutlass()
+    if ec.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (dev extra nvidia-cuda-nvdisasm)")
+    cases = [(Fp8Config(m_tile=16, tiles=2, warps_k=4, unroll=2, hw=4, bulk=4), "mlp_gate_up"),
+             (Fp8Config(m_tile=8, tiles=1, warps_k=2, unroll=1, hw=4, bulk=3), "qkv_a")]
+    for cfg, name in cases:
+        n, k = SHAPES[name]
+        sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
+        wait = sass.index("ACQBULK")
+        nit = cfg.iterations(k)
+        assert sass.count("UBLKCP") == nit and sass.count("UBLKCP", 0, wait) == cfg.bulk - 1, cfg.key()
+        assert sass.count("LDS.128") == nit * cfg.unroll * 2 * cfg.tiles
+        assert "LDG.E.NA" not in sass  # no weight vector goes through registers
+        assert "STL" not in sass and "LDL" not in sass, cfg.key()
+
+
+def test_bulk_grid_fits_and_keeps_bytes_in_flight():
+    """fp8_bulk_grid's candidates: rings that fit the shape and shared memory, a whole grid
+    resident at once, and at least 48 KiB of weights in flight per SM."""
+    from executors.cute.fp8_config import SMEM_PER_SM, bulk_blocks_per_sm
+
+    for m, (n, k) in ((8, SHAPES["qkv_a"]), (16, SHAPES["mlp_gate_up"]), (16, SHAPES["qkvg"])):
+        grid = fp8.fp8_bulk_grid(m, n, k)
+        assert grid[0] == fp8.default_fp8_config(m, n, k) and len(grid) > 5
+        for c in grid[1:]:
+            assert c.bulk >= 2 and c.check(m, n, k) is None and c.smem_bytes() <= SMEM_PER_SM
+            per = bulk_blocks_per_sm(c)
+            assert c.grid(n) <= fp8.SMS * per
+            resident = min(per, -(-c.grid(n) // fp8.SMS))
+            assert (c.bulk - 1) * c.bulk_stage_bytes() * c.warps_k * resident >= 48 * 1024
 
 
 @pytest.mark.parametrize("ka,kb_,out", [("tensor", "tensor", "bfloat16"), ("row", "col", "float32"),
@@ -550,6 +618,23 @@ def test_gpu_every_sweep_config(m):
         fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
         torch.cuda.synchronize()
         _check_gpu(out, ref, cfg.key(), 6e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [3, 16])
+def test_gpu_bulk_ring_configs(m):
+    """Bulk-copy rings (a sample of fp8_bulk_grid) against the fp32 reference, poisoned outputs,
+    at two shapes and two M."""
+    for name in ("qkv_a", "mlp_gate_up"):
+        n, k = SHAPES[name]
+        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=31)
+        ref = fp8.dequant_reference(x, w, sa, sb)
+        for cfg in fp8.fp8_bulk_grid(m, n, k)[1::7]:
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+            torch.cuda.synchronize()
+            _check_gpu(out, ref, cfg.key(), 6e-3)
 
 
 @pytest.mark.gpu

@@ -29,7 +29,7 @@ Public API (torch / cutlass imported lazily: importing this module needs neither
   dtype when out is given, else torch.bfloat16; torch.float32 also works)
 * ``Fp8Config``, ``default_fp8_config(m, n, k)`` (the measured table executors/cute/fp8_defaults.py,
   else ``heuristic_fp8_config``), ``fp8_configs_for(m, n, k)``, ``fp8_config_grid(m, n, k)``,
-  ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
+  ``fp8_bulk_grid(m, n, k)`` (the bulk-copy ring's sweep), ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
 Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
 on disk with the bf16 kernels' machinery (executors.cute.disk_cached), and launched on torch's
@@ -53,6 +53,7 @@ __all__ = [
     "default_fp8_config",
     "heuristic_fp8_config",
     "fp8_config_grid",
+    "fp8_bulk_grid",
     "fp8_configs_for",
     "compile_fp8_for_arch",
     "get_fp8_kernel",
@@ -73,6 +74,7 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     bits_ptx,
     bits_words,
     default_fp8_config,
+    fp8_bulk_grid,
     fp8_config_grid,
     fp8_configs_for,
     heuristic_fp8_config,

@@ -16,6 +16,9 @@ from .fp8_defaults import SMS as MEASURED_SMS
 BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
 FP8_MAX_M = 16
 SMS = 132  # H200 / H100 SXM streaming multiprocessors (config heuristics only)
+SMEM_PER_SM = 227 * 1024  # sm_90 shared memory the blocks of one SM may use together
+BULK_PAD = 64  # bytes between the rows of a bulk stage: rows g and g + 1 start 64 bytes apart
+# modulo 128, so the 8 lanes of one phase of a 16-byte shared load hit 32 distinct banks
 SCALE_A_KINDS = ("tensor", "row", "block")
 SCALE_B_KINDS = ("tensor", "col", "block")
 _A_CODE = {"tensor": 0, "row": 1, "block": 2}
@@ -44,11 +47,30 @@ class Fp8Config:
     minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
     pdl: bool = True
     depth: int = 1  # iterations of weights in flight: iteration it + depth is loaded before it is used
+    bulk: int = 0  # >= 2: weights stream through a per-warp ring of this many stages in shared
+    # memory, filled by bulk copies (the TMA unit, one per weight row) completing on mbarriers;
+    # 0: loaded straight into registers
+
+    def bulk_row_bytes(self) -> int:
+        """Shared-memory bytes per weight row of a bulk stage (unroll K blocks and the pad)."""
+        return self.unroll * BLOCK + BULK_PAD
+
+    def bulk_stage_bytes(self) -> int:
+        return 8 * self.tiles * self.bulk_row_bytes()
+
+    def smem_bytes(self) -> int:
+        """Shared memory per block: the bulk rings with their mbarriers and the warps_k
+        reduction."""
+        warps = self.warps_n * self.warps_k
+        ring = warps * self.bulk * (self.bulk_stage_bytes() + 8) if self.bulk else 0
+        red = 4 * warps * self.tiles * self.m_tile * 8 if self.warps_k > 1 else 0
+        return ring + red
 
     def key(self) -> str:
         wn = f"_wn{self.warps_n}" if self.warps_n != 1 else ""
         mb = f"_mb{self.minb}" if self.minb else ""
         d = f"_d{self.depth}" if self.depth != 1 else ""
+        d += f"_b{self.bulk}" if self.bulk else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
@@ -104,6 +126,11 @@ class Fp8Config:
             return "depth (iterations of weights in flight) is 1..4"
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
+        if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
+            return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
+        if self.smem_bytes() * max(self.minb, 1) > SMEM_PER_SM:
+            return (f"{self.smem_bytes()} bytes of shared memory per block x {max(self.minb, 1)} "
+                    f"blocks > {SMEM_PER_SM}")
         return None
 
 
@@ -245,6 +272,40 @@ def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
                         cc = dataclasses.replace(c, minb=minb)
                         if cc not in out and _fits(cc, m, n, k) and not (tiles == 4 and cc.threads() > 256):
                             out.append(cc)
+    return out
+
+
+def bulk_blocks_per_sm(cfg: Fp8Config) -> int:
+    """Blocks of a config one SM holds by shared memory and threads (registers not counted)."""
+    return max(0, min(SMEM_PER_SM // max(cfg.smem_bytes() + 1024, 1), 2048 // cfg.threads(), 32))
+
+
+def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48 * 1024) -> list[Fp8Config]:
+    """The default, then the bulk-copy ring over stages (2, 3, 4, 6), unroll (K blocks per
+    copy: 1, 2, 4), tiles per warp and K split (the default's, half, a quarter, double), all
+    conversions by the hardware cvt, no launch bound (`--sweep bulk` of bench_fp8_gemm.py).
+    Kept: what fits the shape, whose whole grid is resident at once by shared memory and
+    threads, and which keeps at least `min_inflight` weight bytes in flight per SM (S - 1
+    stages per warp; 48 KiB is about what 4 TB/s needs at 1.5 us of loaded latency)."""
+    base = default_fp8_config(m, n, k, sms)
+    kb = k // BLOCK
+    wks = sorted({w for w in (base.warps_k * 2, base.warps_k, base.warps_k // 2, base.warps_k // 4)
+                  if 1 <= w <= 16 and kb % w == 0})
+    out = [base]
+    for tiles in (1, 2, 4):
+        for wk in wks:
+            for unroll in (1, 2, 4):
+                for st in (2, 3, 4, 6):
+                    c = dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll, bulk=st,
+                                            depth=1, minb=0, hw=4, warps_n=1)
+                    if (c in out or not _fits(c, m, n, k) or st > c.iterations(k) + 1
+                            or (tiles == 4 and c.threads() > 256)):
+                        continue
+                    per_sm = bulk_blocks_per_sm(c)
+                    resident = min(per_sm, _cdiv(c.grid(n), sms))
+                    inflight = (st - 1) * c.bulk_stage_bytes() * c.warps_k * resident
+                    if c.grid(n) <= sms * per_sm and inflight >= min_inflight:
+                        out.append(c)
     return out
 
 

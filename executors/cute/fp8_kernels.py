@@ -20,7 +20,18 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
 from .kernels import _imin, _SmemAllocator
-from .ptx import ld_act_v4, ld_weights_v4, pdl_wait
+from .ptx import (
+    bulk_g2s,
+    ld_act_v4,
+    ld_shared_v4,
+    ld_weights_v4,
+    mbar_expect_tx,
+    mbar_init,
+    mbar_init_fence,
+    mbar_wait,
+    pdl_wait,
+    sync_warp,
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -97,6 +108,13 @@ class _Ops:
     cvt_hw = staticmethod(cvt_hw)
     cvt_bits = staticmethod(cvt_bits)
     mma = staticmethod(mma_f16)
+    ld_smem = staticmethod(ld_shared_v4)
+    mbar_init = staticmethod(mbar_init)
+    mbar_init_fence = staticmethod(mbar_init_fence)
+    expect_tx = staticmethod(mbar_expect_tx)
+    bulk = staticmethod(bulk_g2s)
+    mbar_wait = staticmethod(mbar_wait)
+    sync_warp = staticmethod(sync_warp)
 
 
 # --------------------------------------------------------------------------------------
@@ -133,6 +151,13 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         ln = LaneProgram(_Ops, cfg, N, K, a, b)
         ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
                          mSB.stride[0], mSB.stride[1])
+        smem = _SmemAllocator()
+        if cutlass.const_expr(cfg.bulk > 0):
+            nw = WN * WK
+            ring = smem.allocate_tensor(Int32, cute.make_layout(nw * cfg.bulk * cfg.bulk_stage_bytes() // 4),
+                                        byte_alignment=128)
+            bars = smem.allocate_tensor(Int64, cute.make_layout(nw * cfg.bulk), byte_alignment=8)
+            ln.setup_bulk(Int32(ring.iterator.toint()), Int32(bars.iterator.toint()), warp, lane, g, t)
         pre = ln.preload()
         if cutlass.const_expr(PDL):
             pdl_wait(tid)
@@ -155,7 +180,6 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                     if col < N:
                         mO[m, col] = v
         else:
-            smem = _SmemAllocator()
             red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
             for q in cutlass.range_constexpr(len(ents)):
                 r, e, m, c8 = ents[q]

@@ -8,13 +8,25 @@ are the ones the GPU runs. Plain Python loops and ifs here unroll at trace time.
 ``ops`` provides: Int32, Int64, Float32 (constructors), imin(a, b), ld_w(addr) / ld_x(addr)
 (16-byte loads of weights / activations as 4 words), ld_f32 / ld_f32_nc (scalar fp32 loads of
 activation / weight scales), cvt_hw(word) / cvt_bits(word) (4 e4m3 -> 2 f16x2 words, see
-fp8.word_byte_order) and mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate).
+fp8.word_byte_order) and mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate); for the bulk
+ring (bulk > 0) also mbar_init(bar, count, idx, limit), mbar_init_fence(), expect_tx(bar, nbytes,
+idx, limit), bulk(dst, src, nbytes, bar, idx, limit) (the predicated ones act where idx < limit),
+mbar_wait(bar, parity), ld_smem(addr) (16 bytes of shared memory as 4 words) and sync_warp().
 
 Lane layout (g = lane / 4, t = lane % 4): per n8 tile and 64-wide K step the lane loads 16 bytes
 of weight row g and of x rows g, g + 8, at K offset step * 64 + t * 16. Word j of each vector
 feeds the j-th k16 mma of the step (x words as a0/a2 and a1/a3, weight words as b0/b1), so both
 operands see the same K permutation. Accumulator value e of tile r holds token g + 8 (e // 2),
 output column n_tile0 + 8 r + 2 t + e % 2 (the mma C fragment).
+
+With ``bulk`` = S > 0 the weights go through shared memory instead: each warp has a ring of S
+stages, one per iteration, each with its mbarrier. Lane l < 8R copies the warp's weight row l
+(n_tile0 + l) of the iteration's unroll K blocks, contiguous in global memory, with one bulk copy
+(the TMA unit: bytes in flight that hold neither registers nor load slots); lane 0 arms the
+barrier with the stage's byte count. Iteration it waits for its stage's phase, reads the same
+16-byte vectors as the register path from shared memory, and the stage is refilled with
+iteration it + S at the start of iteration it + 1 (after the warp's mma of iteration it have
+consumed every lane's reads). S - 1 iterations are in flight while one is computed.
 """
 
 from __future__ import annotations
@@ -61,6 +73,8 @@ class LaneProgram:
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
         self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
+        self.S = cfg.bulk
+        self.row_bytes, self.stage_bytes = cfg.bulk_row_bytes(), cfg.bulk_stage_bytes()
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
         self.out_blk = self.WN * self.R * self.MT * 8  # outputs per block (incl. padded rows)
@@ -71,6 +85,7 @@ class LaneProgram:
         outputs are dropped); the warp's 8R rows share one 128-row scale block (R | 16)."""
         o = self.o
         self.wk = wk
+        self.w_base, self.n_tile0 = w_base, n_tile0
         self.w_rows = [w_base + o.Int64(o.imin(n_tile0 + 8 * r + g, self.N - 1)) * self.K
                        + o.Int64(t * 16) for r in range(self.R)]
         self.sb_base, self.sbs0, self.sbs1 = sb_base, o.Int64(sbs0), o.Int64(sbs1)
@@ -99,6 +114,55 @@ class LaneProgram:
             for h in range(2):
                 for r in range(self.R):
                     out.append(self.o.ld_w(self.w_rows[r] + self.o.Int64(kb * BLOCK + h * 64)))
+        return out
+
+    # ---- the bulk-copy ring (bulk > 0) ------------------------------------------------
+    def setup_bulk(self, ring, bars, warp, lane, g, t):
+        """Stage s of warp `warp` starts at ring + (warp * S + s) * stage_bytes, its weight row l
+        (tile l // 8, row l % 8) row_bytes further per row; its mbarrier is at
+        bars + (warp * S + s) * 8."""
+        o = self.o
+        self.lane = lane
+        self.ring = ring + warp * o.Int32(self.S * self.stage_bytes)
+        self.bars = bars + warp * o.Int32(self.S * 8)
+        self.copy_src = self.w_base + o.Int64(o.imin(self.n_tile0 + lane, self.N - 1)) * self.K
+        self.copy_dst = self.ring + lane * o.Int32(self.row_bytes)
+        self.read_at = [self.ring + (g + o.Int32(8 * r)) * o.Int32(self.row_bytes) + t * o.Int32(16)
+                        for r in range(self.R)]
+
+    def bulk_init(self):
+        o = self.o
+        for s in range(self.S):
+            o.mbar_init(self.bars + o.Int32(s * 8), 1, self.lane, 1)
+        o.mbar_init_fence()
+        o.sync_warp()
+
+    def bulk_issue(self, it):
+        """Lane 0 arms stage it % S for its bytes, then lanes 0..8R-1 copy their rows of
+        iteration it's K blocks into it (nothing past the last iteration)."""
+        if it >= self.NIT:
+            return
+        o = self.o
+        s = it % self.S
+        bar = self.bars + o.Int32(s * 8)
+        nbytes = self.U * BLOCK
+        o.sync_warp()  # every lane is past its reads of the stage's previous iteration
+        o.expect_tx(bar, 8 * self.R * nbytes, self.lane, 1)
+        src = self.copy_src + o.Int64(self.kb(it, 0) * BLOCK)
+        o.bulk(self.copy_dst + o.Int32(s * self.stage_bytes), src, nbytes, bar, self.lane, 8 * self.R)
+
+    def bulk_wait(self, it):
+        self.o.mbar_wait(self.bars + self.o.Int32((it % self.S) * 8), (it // self.S) & 1)
+
+    def bulk_read(self, it, u):
+        """Unroll step u's weight vectors of iteration it from its stage, at load_w's indices
+        (u * 2 + h) * R + r (the other steps' entries None)."""
+        o = self.o
+        out = [None] * (self.U * 2 * self.R)
+        off = (it % self.S) * self.stage_bytes + u * BLOCK
+        for h in range(2):
+            for r in range(self.R):
+                out[(u * 2 + h) * self.R + r] = o.ld_smem(self.read_at[r] + o.Int32(off + h * 64))
         return out
 
     def load_sb(self, it):
@@ -182,13 +246,21 @@ class LaneProgram:
 
     def preload(self):
         """The weight vectors and scales of the first `depth` iterations (issued before the PDL
-        wait: they do not depend on the previous kernel)."""
+        wait: they do not depend on the previous kernel); with the bulk ring, the barriers'
+        set-up, the copies of the first S - 1 iterations and iteration 0's weight scales."""
+        if self.S:
+            self.bulk_init()
+            for i in range(self.S - 1):
+                self.bulk_issue(i)
+            return None, self.load_sb(0)
         d = min(self.D, self.NIT)
         return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
 
     def run(self, pre):
         """The K loop over preload()'s first iterations: iteration it + depth's weights and it + 1's
         activations are issued before iteration it's conversions and mma."""
+        if self.S:
+            return self._run_bulk(pre[1])
         ws, sbs = pre
         d = len(ws)
         x_cur, sa_cur = self.load_x(0), self.load_sa(0)
@@ -205,6 +277,22 @@ class LaneProgram:
             ws[it] = sbs[it] = None  # consumed
             if it + 1 < self.NIT:
                 x_cur, sa_cur = x_nxt, sa_nxt
+        return acc
+
+    def _run_bulk(self, sb_cur):
+        o = self.o
+        x_cur, sa_cur = self.load_x(0), self.load_sa(0)
+        acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
+        for it in range(self.NIT):
+            self.bulk_issue(it + self.S - 1)  # into the stage iteration it - 1 used
+            if it + 1 < self.NIT:
+                x_nxt, sa_nxt, sb_nxt = self.load_x(it + 1), self.load_sa(it + 1), self.load_sb(it + 1)
+            self.bulk_wait(it)
+            for u in range(self.U):
+                ph, pb = self.block_mma(self.bulk_read(it, u), x_cur, u)
+                acc = self.promote(acc, ph, pb, sa_cur, sb_cur, u)
+            if it + 1 < self.NIT:
+                x_cur, sa_cur, sb_cur = x_nxt, sa_nxt, sb_nxt
         return acc
 
     def final(self, s, m, col):

@@ -1,5 +1,6 @@
 """Inline-PTX operations of the CuTe DSL kernels (imports cutlass: load lazily, see __init__.py):
-vector loads with cache hints, L2 bulk prefetch, the PDL wait, the release/acquire and tagged
+vector loads with cache hints, L2 bulk prefetch, bulk copies into shared memory on mbarriers, the
+PDL wait, the release/acquire and tagged
 handoffs of the fused step kernel, mma.sync steps and the stamps of its timeline switch."""
 
 from __future__ import annotations
@@ -56,6 +57,78 @@ def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=
                     "@p cp.async.bulk.prefetch.L2.global [$0], $1;\n\t}",
                     "l,r,r", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _asm(text: str, cons: str, args):
+    llvm.inline_asm(None, args, text, cons, has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+# --------------------------------------------------------------------------------------
+# bulk copies (the TMA unit) into shared memory, completed on mbarriers
+# --------------------------------------------------------------------------------------
+@dsl_user_op
+def mbar_init(bar: Int32, count: int, idx: Int32, limit: int, *, loc=None, ip=None):
+    """If idx < limit: initialise the 8-byte mbarrier at shared address `bar` for `count`
+    arrivals per phase."""
+    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $1, {int(limit)};\n\t"
+         f"@p mbarrier.init.shared::cta.b64 [$0], {int(count)};\n\t}}",
+         "r,r", [Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
+
+
+@dsl_user_op
+def mbar_init_fence(*, loc=None, ip=None):
+    """Make initialised mbarriers visible to the bulk-copy (async) proxy before its first use."""
+    _asm("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;", "", [])
+
+
+@dsl_user_op
+def mbar_expect_tx(bar: Int32, nbytes: int, idx: Int32, limit: int, *, loc=None, ip=None):
+    """If idx < limit: arrive on `bar` and raise its transaction count by `nbytes` (the bytes
+    of the bulk copies that complete this phase)."""
+    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $1, {int(limit)};\n\t"
+         f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};\n\t}}",
+         "r,r", [Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
+
+
+@dsl_user_op
+def bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32, idx: Int32, limit: int, *,
+             loc=None, ip=None):
+    """If idx < limit: one bulk copy of `nbytes` (multiple of 16; both addresses 16-byte
+    aligned) global -> shared, whose bytes complete on mbarrier `bar`."""
+    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $3, {int(limit)};\n\t"
+         "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+         f"[$0], [$1], {int(nbytes)}, [$2];\n\t}}",
+         "r,l,r,r", [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
+                     Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
+
+
+_MBAR_WAITS = [0]  # unique PTX labels per mbar_wait instance
+
+
+@dsl_user_op
+def mbar_wait(bar: Int32, parity: int, *, loc=None, ip=None):
+    """Spin until the phase of `bar` with this parity has completed (its copies have landed)."""
+    _MBAR_WAITS[0] += 1
+    lab = f"MBARWAIT{_MBAR_WAITS[0]}"
+    _asm("{\n\t.reg .pred p;\n\t" f"{lab}:\n\t"
+         f"mbarrier.try_wait.parity.shared::cta.b64 p, [$0], {int(parity) & 1};\n\t"
+         f"@!p bra {lab};\n\t}}", "r", [Int32(bar).ir_value(loc=loc, ip=ip)])
+
+
+@dsl_user_op
+def ld_shared_v4(smem: Int32, *, loc=None, ip=None):
+    """One 128-bit shared-memory load as four i32 values."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4), [Int32(smem).ir_value(loc=loc, ip=ip)],
+        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
+
+
+@dsl_user_op
+def sync_warp(*, loc=None, ip=None):
+    _asm("bar.warp.sync 0xffffffff;", "", [])
 
 
 _WAITS = [0]  # unique PTX labels per pdl_wait instance
