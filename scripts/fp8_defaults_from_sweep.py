@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -38,10 +39,28 @@ from __future__ import annotations
 '''
 
 
+def row_comments(text: str) -> dict:
+    """(N, K, m_tile) -> the comment line above that row in a table's text (its provenance)."""
+    out, last = {}, None
+    for line in text.splitlines():
+        t = line.strip()
+        if t.startswith("# "):
+            last = t[2:]
+            continue
+        m = re.match(r"\((\d+), (\d+), (\d+)\):", t)
+        if m and last is not None:
+            out[tuple(int(v) for v in m.groups())] = last
+        last = None
+    return out
+
+
 def rows_from(record: dict, margin: float, current: dict | None = None,
-              baseline=None, against: str = "the heuristic") -> tuple[dict, list[str]]:
+              baseline=None, against: str = "the heuristic",
+              comments: dict | None = None) -> tuple[dict, list[str]]:
     """baseline(m_tile, n, k) -> the config a row must beat (default: the shape heuristic),
-    named `against` in the notes."""
+    named `against` in the notes. A row carried over from `current` keeps its comment from
+    `comments` (where it was measured)."""
+    comments = comments or {}
     baseline = baseline or (lambda mt, n, k: fp8.heuristic_fp8_config(mt, n, k))
     shapes = {r["shape"]: (r["N"], r["K"]) for r in record.get("rows", [])}
     table, notes = {}, []
@@ -65,16 +84,17 @@ def rows_from(record: dict, margin: float, current: dict | None = None,
                 have_cfg = fp8.Fp8Config.from_dict(have)
                 have_us = v["all_us"].get(have_cfg.key())
                 if have_us is None or v["best_us"] >= have_us * (1 - margin):
-                    table[(n, k, mt)] = (have_cfg.to_dict(), name, have_us, heur, heur_us)
+                    table[(n, k, mt)] = (have_cfg.to_dict(), comments.get((n, k, mt), name), None, None, None)
                     notes.append(f"{name} M<={mt}: current row {have_cfg.key()} kept")
                     continue
+            label = name if have is None else f"{name} (replaces {have_cfg.key()}, {have_us:.2f} us in this record)"
             if heur_us is None or v["best_us"] < heur_us * (1 - margin):
-                table[(n, k, mt)] = (cfg.to_dict(), name, v["best_us"], heur, heur_us)
+                table[(n, k, mt)] = (cfg.to_dict(), label, v["best_us"], heur, heur_us)
             else:
                 notes.append(f"{name} M<={mt}: best {cfg.key()} {v['best_us']:.2f} us within {margin:.0%}"
                              f" of {against} {heur} {heur_us:.2f} us: {against} kept")
     for key, d in (current or {}).items():  # rows of shapes this record did not sweep
-        table.setdefault(key, (d, "(not in this record)", None, None, None))
+        table.setdefault(key, (d, comments.get(key, "(not in this record)"), None, None, None))
     return table, notes
 
 
@@ -114,7 +134,8 @@ def _source(src: str, old: str, fresh: bool) -> str:
         return src
     if old.startswith(src):
         return old  # the same record again: its source line stays as it was
-    return f"{src} (rows it did not improve: {old})"
+    older = [p for p in dict.fromkeys(re.findall(r"[^\s(:;,]+\.json", old)) if p != src]
+    return f"{src} (rows it did not improve: {', '.join(older)})"
 
 
 def main() -> int:
@@ -138,11 +159,12 @@ def main() -> int:
     if record.get("sweep_kinds", "block") == "tensor":
         table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED_TENSOR,
                                  baseline=lambda mt, n, k: fp8.default_fp8_config(mt, n, k),
-                                 against="the block-scale default")
+                                 against="the block-scale default", comments=row_comments(tensor_text))
         tensor_text = render_tensor(table, _source(src, fp8_defaults.SOURCE_TENSOR, a.fresh))
         what = "per-tensor"
     else:
-        table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED)
+        table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED,
+                                 comments=row_comments(block_text))
         block_text = render_block(table, _source(src, fp8_defaults.SOURCE, a.fresh))
         what = "block-scale"
     Path(a.out).write_text(block_text.rstrip("\n") + "\n" + (tensor_text and "\n" + tensor_text))

@@ -357,6 +357,9 @@ def test_ptx_of_default_configs(default_ptx):
         assert ".target sm_90a" in ptx, tag
         nit, r, u = cfg.iterations(k), cfg.tiles, cfg.unroll
         w_loads = ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.u32")
+        if cfg.bulk:  # through the ring: one copy per iteration, one shared load per vector
+            w_loads = ptx.count("ld.shared.v4.u32")
+            assert ptx.count("cp.async.bulk.shared::cluster.global") == nit, tag
         assert w_loads == nit * u * 2 * r, (tag, w_loads)  # one 16-byte vector per tile and K step
         x_loads = ptx.count("ld.global.v4.u32")
         assert x_loads == nit * u * 2 * (cfg.m_tile // 8), (tag, x_loads)
@@ -367,7 +370,10 @@ def test_ptx_of_default_configs(default_ptx):
         assert ptx.count("shr.b32 m, ") == words * (4 - cfg.hw), tag  # one per integer conversion
         wait = ptx.index("griddepcontrol.wait")
         ahead = min(cfg.depth, nit)  # the first `depth` iterations' weights precede the wait
-        assert ptx.count("ld.global.nc.L1::no_allocate", 0, wait) == ahead * u * 2 * r, tag
+        if cfg.bulk:
+            assert ptx.count("cp.async.bulk.shared::cluster.global", 0, wait) == min(cfg.bulk - 1, nit), tag
+        else:
+            assert ptx.count("ld.global.nc.L1::no_allocate", 0, wait) == ahead * u * 2 * r, tag
         assert ptx.find("ld.global.v4.u32") > wait, tag  # x (written by the previous kernel) after it
         assert ptx.count("ld.global.nc.f32") == nit * u, tag  # one weight block scale per K block
         assert ".local" not in ptx, tag
@@ -403,6 +409,7 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
     import tempfile
 
     from executors.cute import _lock, cubin_of, fp8_kernels
+    from executors.cute.fp8_config import SMEM_PER_SM
 
     for name in ("qkv_a", "mlp_gate_up", "qkvg", "fa_beta"):
         n, k = SHAPES[name]
@@ -420,13 +427,17 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
                 sass = subprocess.run([ec.nvdisasm_path(), "-c", f.name], capture_output=True,
                                       text=True, check=True).stdout
             wait = sass.index("ACQBULK")
-            assert sass.count("LDG.E.NA", 0, wait) >= 2 * cfg.tiles * cfg.unroll, (name, cfg.key())
+            if cfg.bulk:  # the bulk ring's first S - 1 copies (measured default of some shapes)
+                assert sass.count("UBLKCP", 0, wait) == cfg.bulk - 1, (name, cfg.key())
+            else:
+                assert sass.count("LDG.E.NA", 0, wait) >= 2 * cfg.tiles * cfg.unroll, (name, cfg.key())
             assert sass.count("ACQBULK") == 1
             assert "STL" not in sass and "LDL" not in sass, (name, cfg.key())
             assert sass.count("HMMA.16816.F32") == cfg.iterations(k) * cfg.unroll * 8 * cfg.tiles
             regs = _regcount(cub)
             # the whole grid is resident at once (no second wave), by registers and threads
-            per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32)
+            per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32,
+                         SMEM_PER_SM // max(cfg.smem_bytes() + 1024, 1))
             assert cfg.grid(n) <= fp8.SMS * per_sm, (name, cfg.key(), regs, per_sm)
 
 
@@ -719,6 +730,35 @@ def test_defaults_from_sweep_keeps_clear_wins_only(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "fp8_defaults_from_sweep.py"),
                           str(tmp_path / "missing.json")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def test_defaults_from_sweep_keeps_provenance_of_carried_rows():
+    """A row the record does not improve keeps the comment saying where it was measured; a row
+    it replaces names the row it replaced with that row's time in the record."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp8_from_sweep", ROOT / "scripts" / "fp8_defaults_from_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    old8 = Fp8Config(m_tile=8, tiles=2, warps_k=7, hw=4)
+    old16 = Fp8Config(m_tile=16, tiles=2, warps_k=14, hw=4)
+    text = ("MEASURED = {\n    # qkv_a: 5.10 us on an earlier record\n    (2112, 7168, 8): {},\n"
+            "    # qkv_a: 7.00 us there\n    (2112, 7168, 16): {},\n    # other: 1.00 us\n    (64, 128, 8): {},\n}\n")
+    comments = mod.row_comments(text)
+    assert comments[(2112, 7168, 8)] == "qkv_a: 5.10 us on an earlier record"
+    ring = Fp8Config(m_tile=16, tiles=2, warps_k=4, unroll=2, hw=4, bulk=2)
+    rec = {"rows": [{"shape": "qkv_a", "N": 2112, "K": 7168}],
+           "sweep": {"qkv_a": {"8": {"best": old8.to_dict(), "best_us": 5.0, "all_us": {old8.key(): 5.0}},
+                               "16": {"best": ring.to_dict(), "best_us": 6.0,
+                                      "all_us": {ring.key(): 6.0, old16.key(): 7.0}}}}}
+    current = {(2112, 7168, 8): old8.to_dict(), (2112, 7168, 16): old16.to_dict(), (64, 128, 8): old8.to_dict()}
+    table, _ = mod.rows_from(rec, 0.02, current, comments=comments)
+    assert table[(2112, 7168, 8)][1] == "qkv_a: 5.10 us on an earlier record"
+    assert table[(64, 128, 8)][1] == "other: 1.00 us"
+    assert table[(2112, 7168, 16)][0] == ring.to_dict()
+    assert f"replaces {old16.key()}, 7.00 us" in table[(2112, 7168, 16)][1]
+    assert mod._source("b.json", "a.json (rows it did not improve: z.json)", False) == \
+        "b.json (rows it did not improve: a.json, z.json)"
 
 
 def test_per_tensor_scales_take_their_own_measured_row(monkeypatch):
