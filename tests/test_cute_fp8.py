@@ -230,10 +230,6 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, hw=2, bulk=3), 14, 24, 1024),
     (Fp8Config(m_tile=16, tiles=4, warps_k=2, unroll=1, hw=4, ki=0, bulk=4), 11, 100, 768),
     (Fp8Config(m_tile=8, tiles=2, warps_n=2, warps_k=1, unroll=2, hw=4, bulk=3), 2, 72, 512),
-    # two accumulator chains per tile: all-hardware, split and all-integer conversions, the ring
-    (Fp8Config(m_tile=16, tiles=2, warps_k=2, hw=4, chains=2), 10, 48, 512),
-    (Fp8Config(m_tile=8, tiles=1, warps_k=1, unroll=2, hw=2, chains=2), 5, 24, 512),
-    (Fp8Config(m_tile=16, tiles=4, warps_k=1, hw=0, chains=2, bulk=2), 16, 40, 384),
 ]
 
 

@@ -73,7 +73,7 @@ class LaneProgram:
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
         self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
-        self.S, self.C = cfg.bulk, cfg.chains
+        self.S = cfg.bulk
         self.row_bytes, self.stage_bytes = cfg.bulk_row_bytes(), cfg.bulk_stage_bytes()
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
@@ -204,17 +204,13 @@ class LaneProgram:
     # ---- math -----------------------------------------------------------------------
     def block_mma(self, w, x, u):
         """Partial sums of unroll step u (one K block) for the R tiles: (words converted by the
-        hardware, words converted by integer ops), each R x 4 fp32, None where unused. With
-        chains = 2 the two 64-wide halves accumulate into separate partials (two independent
-        mma chains per tile), added at the end."""
+        hardware, words converted by integer ops), each R x 4 fp32, None where unused."""
         o = self.o
         zero = [o.Float32(0.0)] * 4
-        C = self.C
-        ph = [[zero for _ in range(self.R)] for _ in range(C)] if self.HW > 0 else None
-        pb = [[zero for _ in range(self.R)] for _ in range(C)] if self.HW < 4 else None
+        ph = [zero for _ in range(self.R)] if self.HW > 0 else None
+        pb = [zero for _ in range(self.R)] if self.HW < 4 else None
         for h in range(2):
             xg, xh = x[u * 2 + h]
-            c = h % C
             for j in range(4):
                 cvt = o.cvt_hw if j < self.HW else o.cvt_bits
                 xa = cvt(xg[j])
@@ -223,18 +219,10 @@ class LaneProgram:
                 for r in range(self.R):
                     wc = cvt(w[(u * 2 + h) * self.R + r][j])
                     if j < self.HW:
-                        ph[c][r] = o.mma(afrag, wc, ph[c][r])
+                        ph[r] = o.mma(afrag, wc, ph[r])
                     else:
-                        pb[c][r] = o.mma(afrag, wc, pb[c][r])
-
-        def merged(p):
-            if p is None:
-                return None
-            if C == 1:
-                return p[0]
-            return [[p[0][r][e] + p[1][r][e] for e in range(4)] for r in range(self.R)]
-
-        return merged(ph), merged(pb)
+                        pb[r] = o.mma(afrag, wc, pb[r])
+        return ph, pb
 
     def promote(self, acc, ph, pb, sa, sb, u):
         """acc += (ph + 2^16 pb) * sa * sb of this K block (block kinds; 1 otherwise). The
