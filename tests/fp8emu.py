@@ -85,7 +85,7 @@ class NumpyOps:
 
     @staticmethod
     def _lanes(idx, limit):
-        return np.nonzero(np.broadcast_to(np.asarray(idx) < np.asarray(limit), (32,)))[0]
+        return np.nonzero(np.broadcast_to(np.asarray(idx) < limit, (32,)))[0]
 
     def _one(self, v, lane):
         return int(np.broadcast_to(np.asarray(v), (32,))[lane])
@@ -108,7 +108,7 @@ class NumpyOps:
         assert len(lanes) == 1, "one lane arms a phase"
         st = self.bars[self._one(bar, lanes[0])]
         assert not st["armed"], "phase armed twice"
-        st["armed"], st["tx"] = True, st["tx"] + self._one(nbytes, lanes[0])
+        st["armed"], st["tx"] = True, st["tx"] + nbytes
 
     def bulk(self, dst, src, nbytes, bar, idx, limit):
         assert nbytes % 16 == 0 and nbytes > 0
@@ -119,8 +119,7 @@ class NumpyOps:
             span = slice(d, d + nbytes)
             assert not self.inflight[span].any(), "two copies in flight into the same bytes"
             assert not self.unread[span].any(), "copy over landed bytes nobody read"
-            assert 0 < s_ and s_ + nbytes <= self.mem.top, "bulk copy source out of bounds"
-            data = self.mem.buf[s_:s_ + nbytes].copy()
+            data = self.mem.read(np.array([s_]), nbytes)[0].copy()
             self.inflight[span] = True
             st = self.bars[b]
             st["copies"].append((d, data))
@@ -244,7 +243,7 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
             ln = LaneProgram(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
             if cfg.bulk:
-                ln.setup_bulk(np.int64(128), np.int64(128 + ring_bytes), warp, LANES, G, T, x_base, sx, m)
+                ln.setup_bulk(np.int64(128), np.int64(128 + ring_bytes), warp, LANES, G, T)
             pre = ln.preload()
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
             acc = ln.run(pre)

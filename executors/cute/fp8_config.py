@@ -56,8 +56,7 @@ class Fp8Config:
         return self.unroll * BLOCK + BULK_PAD
 
     def bulk_stage_bytes(self) -> int:
-        """One stage: the warp's 8R weight rows and m_tile token rows of x."""
-        return (8 * self.tiles + self.m_tile) * self.bulk_row_bytes()
+        return 8 * self.tiles * self.bulk_row_bytes()
 
     def smem_bytes(self) -> int:
         """Shared memory per block: the bulk rings with their mbarriers and the warps_k
@@ -304,7 +303,7 @@ def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48
                         continue
                     per_sm = bulk_blocks_per_sm(c)
                     resident = min(per_sm, _cdiv(c.grid(n), sms))
-                    inflight = (st - 1) * 8 * tiles * unroll * BLOCK * c.warps_k * resident  # weights
+                    inflight = (st - 1) * c.bulk_stage_bytes() * c.warps_k * resident
                     if c.grid(n) <= sms * per_sm and inflight >= min_inflight:
                         out.append(c)
     return out

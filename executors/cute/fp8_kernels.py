@@ -157,8 +157,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
             ring = smem.allocate_tensor(Int32, cute.make_layout(nw * cfg.bulk * cfg.bulk_stage_bytes() // 4),
                                         byte_alignment=128)
             bars = smem.allocate_tensor(Int64, cute.make_layout(nw * cfg.bulk), byte_alignment=8)
-            ln.setup_bulk(Int32(ring.iterator.toint()), Int32(bars.iterator.toint()), warp, lane, g, t,
-                          mX.iterator.toint(), mX.stride[0], mX.shape[0])
+            ln.setup_bulk(Int32(ring.iterator.toint()), Int32(bars.iterator.toint()), warp, lane, g, t)
         pre = ln.preload()
         if cutlass.const_expr(PDL):
             pdl_wait(tid)

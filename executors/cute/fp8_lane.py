@@ -10,8 +10,7 @@ are the ones the GPU runs. Plain Python loops and ifs here unroll at trace time.
 activation / weight scales), cvt_hw(word) / cvt_bits(word) (4 e4m3 -> 2 f16x2 words, see
 fp8.word_byte_order) and mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate); for the bulk
 ring (bulk > 0) also mbar_init(bar, count, idx, limit), mbar_init_fence(), expect_tx(bar, nbytes,
-idx, limit), bulk(dst, src, nbytes, bar, idx, limit) (the predicated ones act where idx < limit,
-limit a runtime value; expect_tx's nbytes too),
+idx, limit), bulk(dst, src, nbytes, bar, idx, limit) (the predicated ones act where idx < limit),
 mbar_wait(bar, parity), ld_smem(addr) (16 bytes of shared memory as 4 words) and sync_warp().
 
 Lane layout (g = lane / 4, t = lane % 4): per n8 tile and 64-wide K step the lane loads 16 bytes
@@ -20,17 +19,14 @@ feeds the j-th k16 mma of the step (x words as a0/a2 and a1/a3, weight words as 
 operands see the same K permutation. Accumulator value e of tile r holds token g + 8 (e // 2),
 output column n_tile0 + 8 r + 2 t + e % 2 (the mma C fragment).
 
-With ``bulk`` = S > 0 the weights and the activations go through shared memory instead: each
-warp has a ring of S stages, one per iteration, each with its mbarrier. Lane l < 8R copies the
-warp's weight row l (n_tile0 + l) of the iteration's unroll K blocks, contiguous in global
-memory, and lane l < M token row l of x at the same K blocks, each with one bulk copy (the TMA
-unit: bytes in flight that hold neither registers nor load slots); lane 0 arms the barrier with
-the stage's byte count. The first S - 1 stages are armed and their weights copied before the PDL
-wait, their x rows after it (x is the previous kernel's output). Iteration it waits for its
-stage's phase, reads the same 16-byte vectors as the register path from shared memory, and the
-stage is refilled with iteration it + S at the start of iteration it + 1 (after the warp's mma
-of iteration it have consumed every lane's reads). The block scales are loaded S - 1 iterations
-ahead into registers, so no global load latency is left in the K loop.
+With ``bulk`` = S > 0 the weights go through shared memory instead: each warp has a ring of S
+stages, one per iteration, each with its mbarrier. Lane l < 8R copies the warp's weight row l
+(n_tile0 + l) of the iteration's unroll K blocks, contiguous in global memory, with one bulk copy
+(the TMA unit: bytes in flight that hold neither registers nor load slots); lane 0 arms the
+barrier with the stage's byte count. Iteration it waits for its stage's phase, reads the same
+16-byte vectors as the register path from shared memory, and the stage is refilled with
+iteration it + S at the start of iteration it + 1 (after the warp's mma of iteration it have
+consumed every lane's reads). S - 1 iterations are in flight while one is computed.
 """
 
 from __future__ import annotations
@@ -121,59 +117,42 @@ class LaneProgram:
         return out
 
     # ---- the bulk-copy ring (bulk > 0) ------------------------------------------------
-    def setup_bulk(self, ring, bars, warp, lane, g, t, x_base, sx, m_rows):
-        """Stage s of warp `warp` starts at ring + (warp * S + s) * stage_bytes: weight row l
-        (tile l // 8, row l % 8) at row slot l, token row m at slot 8R + m, row_bytes apart; its
-        mbarrier is at bars + (warp * S + s) * 8. Needs only the kernel's arguments (no memory
-        the previous kernel writes), so it runs before the PDL wait."""
+    def setup_bulk(self, ring, bars, warp, lane, g, t):
+        """Stage s of warp `warp` starts at ring + (warp * S + s) * stage_bytes, its weight row l
+        (tile l // 8, row l % 8) row_bytes further per row; its mbarrier is at
+        bars + (warp * S + s) * 8."""
         o = self.o
-        self.lane, self.m_rows = lane, m_rows
-        rb = o.Int32(self.row_bytes)
+        self.lane = lane
         self.ring = ring + warp * o.Int32(self.S * self.stage_bytes)
         self.bars = bars + warp * o.Int32(self.S * 8)
         self.copy_src = self.w_base + o.Int64(o.imin(self.n_tile0 + lane, self.N - 1)) * self.K
-        self.copy_dst = self.ring + lane * rb
-        self.x_src = x_base + o.Int64(o.imin(lane, m_rows - 1)) * o.Int64(sx)
-        self.x_dst = self.ring + (o.Int32(8 * self.R) + lane) * rb
-        self.stage_tx = (o.Int32(8 * self.R) + m_rows) * o.Int32(self.U * BLOCK)
-        self.read_at = [self.ring + (g + o.Int32(8 * r)) * rb + t * o.Int32(16) for r in range(self.R)]
-        xrow = o.Int32(8 * self.R)
-        self.read_xg = self.ring + (xrow + o.imin(g, m_rows - 1)) * rb + t * o.Int32(16)
-        self.read_xh = self.ring + (xrow + o.imin(g + 8, m_rows - 1)) * rb + t * o.Int32(16)
+        self.copy_dst = self.ring + lane * o.Int32(self.row_bytes)
+        self.read_at = [self.ring + (g + o.Int32(8 * r)) * o.Int32(self.row_bytes) + t * o.Int32(16)
+                        for r in range(self.R)]
 
     def bulk_init(self):
         o = self.o
         for s in range(self.S):
-            o.mbar_init(self.bars + o.Int32(s * 8), 1, self.lane, o.Int32(1))
+            o.mbar_init(self.bars + o.Int32(s * 8), 1, self.lane, 1)
         o.mbar_init_fence()
         o.sync_warp()
 
-    def _bar(self, it):
-        return self.bars + self.o.Int32((it % self.S) * 8)
-
-    def bulk_issue_w(self, it):
-        """Lane 0 arms stage it % S for its weight and x bytes, then lanes 0..8R-1 copy their
-        weight rows of iteration it's K blocks into it (nothing past the last iteration)."""
+    def bulk_issue(self, it):
+        """Lane 0 arms stage it % S for its bytes, then lanes 0..8R-1 copy their rows of
+        iteration it's K blocks into it (nothing past the last iteration)."""
         if it >= self.NIT:
             return
         o = self.o
+        s = it % self.S
+        bar = self.bars + o.Int32(s * 8)
+        nbytes = self.U * BLOCK
         o.sync_warp()  # every lane is past its reads of the stage's previous iteration
-        o.expect_tx(self._bar(it), self.stage_tx, self.lane, o.Int32(1))
+        o.expect_tx(bar, 8 * self.R * nbytes, self.lane, 1)
         src = self.copy_src + o.Int64(self.kb(it, 0) * BLOCK)
-        dst = self.copy_dst + o.Int32((it % self.S) * self.stage_bytes)
-        o.bulk(dst, src, self.U * BLOCK, self._bar(it), self.lane, o.Int32(8 * self.R))
-
-    def bulk_issue_x(self, it):
-        """Lanes 0..M-1 copy their token rows of iteration it's K blocks into its stage."""
-        if it >= self.NIT:
-            return
-        o = self.o
-        src = self.x_src + o.Int64(self.kb(it, 0) * BLOCK)
-        dst = self.x_dst + o.Int32((it % self.S) * self.stage_bytes)
-        o.bulk(dst, src, self.U * BLOCK, self._bar(it), self.lane, self.m_rows)
+        o.bulk(self.copy_dst + o.Int32(s * self.stage_bytes), src, nbytes, bar, self.lane, 8 * self.R)
 
     def bulk_wait(self, it):
-        self.o.mbar_wait(self._bar(it), (it // self.S) & 1)
+        self.o.mbar_wait(self.bars + self.o.Int32((it % self.S) * 8), (it // self.S) & 1)
 
     def bulk_read(self, it, u):
         """Unroll step u's weight vectors of iteration it from its stage, at load_w's indices
@@ -184,18 +163,6 @@ class LaneProgram:
         for h in range(2):
             for r in range(self.R):
                 out[(u * 2 + h) * self.R + r] = o.ld_smem(self.read_at[r] + o.Int32(off + h * 64))
-        return out
-
-    def bulk_read_x(self, it, u):
-        """Unroll step u's x vectors of iteration it from its stage, at load_x's indices u * 2 + h
-        (the other steps' entries None)."""
-        o = self.o
-        out = [None] * (self.U * 2)
-        off = (it % self.S) * self.stage_bytes + u * BLOCK
-        for h in range(2):
-            xg = o.ld_smem(self.read_xg + o.Int32(off + h * 64))
-            xh = o.ld_smem(self.read_xh + o.Int32(off + h * 64)) if self.MT == 16 else [o.Int32(0)] * 4
-            out[u * 2 + h] = (xg, xh)
         return out
 
     def load_sb(self, it):
@@ -283,10 +250,9 @@ class LaneProgram:
         set-up, the copies of the first S - 1 iterations and iteration 0's weight scales."""
         if self.S:
             self.bulk_init()
-            ahead = min(self.S - 1, self.NIT)
-            for i in range(ahead):
-                self.bulk_issue_w(i)
-            return None, [self.load_sb(i) for i in range(ahead)]
+            for i in range(self.S - 1):
+                self.bulk_issue(i)
+            return None, self.load_sb(0)
         d = min(self.D, self.NIT)
         return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
 
@@ -313,28 +279,20 @@ class LaneProgram:
                 x_cur, sa_cur = x_nxt, sa_nxt
         return acc
 
-    def _run_bulk(self, sbq):
-        """The K loop of the ring: stages 0..S-2 got their x rows here (after the PDL wait);
-        iteration it refills stage (it - 1) % S with iteration it + S - 1 and loads that
-        iteration's block scales, then waits for its own stage."""
+    def _run_bulk(self, sb_cur):
         o = self.o
-        ahead = len(sbq)
-        for i in range(ahead):
-            self.bulk_issue_x(i)
-        saq = [self.load_sa(i) for i in range(ahead)]
+        x_cur, sa_cur = self.load_x(0), self.load_sa(0)
         acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
-            nxt = it + self.S - 1
-            self.bulk_issue_w(nxt)
-            self.bulk_issue_x(nxt)
-            if nxt < self.NIT:
-                sbq.append(self.load_sb(nxt))
-                saq.append(self.load_sa(nxt))
+            self.bulk_issue(it + self.S - 1)  # into the stage iteration it - 1 used
+            if it + 1 < self.NIT:
+                x_nxt, sa_nxt, sb_nxt = self.load_x(it + 1), self.load_sa(it + 1), self.load_sb(it + 1)
             self.bulk_wait(it)
             for u in range(self.U):
-                ph, pb = self.block_mma(self.bulk_read(it, u), self.bulk_read_x(it, u), u)
-                acc = self.promote(acc, ph, pb, saq[it], sbq[it], u)
-            saq[it] = sbq[it] = None  # consumed
+                ph, pb = self.block_mma(self.bulk_read(it, u), x_cur, u)
+                acc = self.promote(acc, ph, pb, sa_cur, sb_cur, u)
+            if it + 1 < self.NIT:
+                x_cur, sa_cur, sb_cur = x_nxt, sa_nxt, sb_nxt
         return acc
 
     def final(self, s, m, col):

@@ -68,12 +68,12 @@ def _asm(text: str, cons: str, args):
 # bulk copies (the TMA unit) into shared memory, completed on mbarriers
 # --------------------------------------------------------------------------------------
 @dsl_user_op
-def mbar_init(bar: Int32, count: int, idx: Int32, limit: Int32, *, loc=None, ip=None):
+def mbar_init(bar: Int32, count: int, idx: Int32, limit: int, *, loc=None, ip=None):
     """If idx < limit: initialise the 8-byte mbarrier at shared address `bar` for `count`
     arrivals per phase."""
-    _asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, $1, $2;\n\t"
+    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $1, {int(limit)};\n\t"
          f"@p mbarrier.init.shared::cta.b64 [$0], {int(count)};\n\t}}",
-         "r,r,r", [Int32(v).ir_value(loc=loc, ip=ip) for v in (bar, idx, limit)])
+         "r,r", [Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
 @dsl_user_op
@@ -83,25 +83,24 @@ def mbar_init_fence(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def mbar_expect_tx(bar: Int32, nbytes: Int32, idx: Int32, limit: Int32, *, loc=None, ip=None):
+def mbar_expect_tx(bar: Int32, nbytes: int, idx: Int32, limit: int, *, loc=None, ip=None):
     """If idx < limit: arrive on `bar` and raise its transaction count by `nbytes` (the bytes
     of the bulk copies that complete this phase)."""
-    _asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, $2, $3;\n\t"
-         "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;\n\t}",
-         "r,r,r,r", [Int32(v).ir_value(loc=loc, ip=ip) for v in (bar, nbytes, idx, limit)])
+    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $1, {int(limit)};\n\t"
+         f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};\n\t}}",
+         "r,r", [Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
 @dsl_user_op
-def bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32, idx: Int32, limit: Int32, *,
+def bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32, idx: Int32, limit: int, *,
              loc=None, ip=None):
     """If idx < limit: one bulk copy of `nbytes` (multiple of 16; both addresses 16-byte
     aligned) global -> shared, whose bytes complete on mbarrier `bar`."""
-    _asm("{\n\t.reg .pred p;\n\tsetp.lt.u32 p, $3, $4;\n\t"
+    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $3, {int(limit)};\n\t"
          "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
          f"[$0], [$1], {int(nbytes)}, [$2];\n\t}}",
-         "r,l,r,r,r", [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
-                       Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip),
-                       Int32(limit).ir_value(loc=loc, ip=ip)])
+         "r,l,r,r", [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
+                     Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
 _MBAR_WAITS = [0]  # unique PTX labels per mbar_wait instance
