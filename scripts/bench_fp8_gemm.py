@@ -22,10 +22,10 @@ Paths (out = bf16):
                  over 2 GiB, a read-only kernel)
 
 Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,2,4]
-       [--shapes qkv_a,qkvg] [--sweep [near|grid|bulk]] [--jobs 8] [--iters 20] [--trials 7]
-       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|bulk]] [--jobs 2]    (CPU, no GPU)
+       [--shapes qkv_a,qkvg] [--sweep [near|grid|bulk|ahead]] [--jobs 8] [--iters 20] [--trials 7]
+       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|bulk|ahead]] [--jobs 2]    (CPU, no GPU)
 --sweep first times config candidates at M = 8 and 16 (block scales: fp8.fp8_configs_for's
-one-setting neighbours of the default, with `grid` fp8.fp8_config_grid's combinations, with `bulk` fp8.fp8_bulk_grid's bulk-copy rings) and
+one-setting neighbours of the default, with `grid` fp8.fp8_config_grid's combinations, with `bulk` fp8.fp8_bulk_grid's bulk-copy rings, with `ahead` fp8.fp8_ahead_grid's activations loaded 1-3 iterations ahead) and
 times the best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
 (disk cache, $PLANNER_CACHE_DIR); --precompile only does that, for the GPU tests' kernels too
 (scripts/gpu/fp8_gemm.sh).
@@ -394,6 +394,8 @@ def candidates(mode: str, m: int, n: int, k: int, kinds: str = "block"):
         return fp8.fp8_config_grid(m, n, k)
     if mode == "bulk":
         return fp8.fp8_bulk_grid(m, n, k)
+    if mode == "ahead":
+        return fp8.fp8_ahead_grid(m, n, k)
     return fp8.fp8_configs_for(m, n, k, kinds=SWEEP_KINDS[kinds])
 
 
@@ -516,7 +518,7 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
-    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "bulk"),
+    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "bulk", "ahead"),
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
                          " setting varied at a time), grid = fp8_config_grid (combinations)")
     ap.add_argument("--sweep-kinds", choices=sorted(SWEEP_KINDS), default="block",

@@ -230,6 +230,11 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, hw=2, bulk=3), 14, 24, 1024),
     (Fp8Config(m_tile=16, tiles=4, warps_k=2, unroll=1, hw=4, ki=0, bulk=4), 11, 100, 768),
     (Fp8Config(m_tile=8, tiles=2, warps_n=2, warps_k=1, unroll=2, hw=4, bulk=3), 2, 72, 512),
+    # activations (and scales) loaded 2-4 iterations ahead, registers and ring, > and = iterations
+    (Fp8Config(m_tile=16, tiles=2, warps_k=1, hw=4, depth=2, xahead=3), 15, 32, 768),
+    (Fp8Config(m_tile=8, tiles=1, warps_k=2, unroll=2, hw=2, xahead=4), 4, 24, 1024),
+    (Fp8Config(m_tile=16, tiles=2, warps_k=1, unroll=1, hw=4, bulk=3, xahead=2), 9, 40, 640),
+    (Fp8Config(m_tile=8, tiles=1, warps_k=2, unroll=1, hw=4, bulk=2, xahead=3), 6, 16, 768),
 ]
 
 

@@ -50,6 +50,7 @@ class Fp8Config:
     bulk: int = 0  # >= 2: weights stream through a per-warp ring of this many stages in shared
     # memory, filled by bulk copies (the TMA unit, one per weight row) completing on mbarriers;
     # 0: loaded straight into registers
+    xahead: int = 1  # iterations ahead that x and the activation (ring: and weight) scales are loaded
 
     def bulk_row_bytes(self) -> int:
         """Shared-memory bytes per weight row of a bulk stage (unroll K blocks and the pad)."""
@@ -71,6 +72,7 @@ class Fp8Config:
         mb = f"_mb{self.minb}" if self.minb else ""
         d = f"_d{self.depth}" if self.depth != 1 else ""
         d += f"_b{self.bulk}" if self.bulk else ""
+        d += f"_x{self.xahead}" if self.xahead != 1 else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
@@ -126,6 +128,8 @@ class Fp8Config:
             return "depth (iterations of weights in flight) is 1..4"
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
+        if not 1 <= self.xahead <= 4:
+            return "xahead (iterations of activations in flight) is 1..4"
         if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
             return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
         if self.smem_bytes() * max(self.minb, 1) > SMEM_PER_SM:
@@ -272,6 +276,18 @@ def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
                         cc = dataclasses.replace(c, minb=minb)
                         if cc not in out and _fits(cc, m, n, k) and not (tiles == 4 and cc.threads() > 256):
                             out.append(cc)
+    return out
+
+
+def fp8_ahead_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
+    """fp8_configs_for's candidates, each also with x and the scales loaded 2 and 3 iterations
+    ahead (`--sweep ahead` of bench_fp8_gemm.py)."""
+    out: list[Fp8Config] = []
+    for c in fp8_configs_for(m, n, k, sms=sms):
+        for a in (1, 2, 3):
+            cc = dataclasses.replace(c, xahead=a)
+            if cc not in out and _fits(cc, m, n, k) and a <= max(1, cc.iterations(k)):
+                out.append(cc)
     return out
 
 

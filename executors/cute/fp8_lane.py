@@ -73,7 +73,7 @@ class LaneProgram:
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
         self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
-        self.S = cfg.bulk
+        self.S, self.XA = cfg.bulk, cfg.xahead
         self.row_bytes, self.stage_bytes = cfg.bulk_row_bytes(), cfg.bulk_stage_bytes()
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
@@ -252,47 +252,54 @@ class LaneProgram:
             self.bulk_init()
             for i in range(self.S - 1):
                 self.bulk_issue(i)
-            return None, self.load_sb(0)
+            return None, [self.load_sb(i) for i in range(min(self.XA, self.NIT))]
         d = min(self.D, self.NIT)
         return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
 
     def run(self, pre):
-        """The K loop over preload()'s first iterations: iteration it + depth's weights and it + 1's
-        activations are issued before iteration it's conversions and mma."""
+        """The K loop over preload()'s first iterations: iteration it + depth's weights and
+        it + xahead's activations and activation scales are issued before iteration it's
+        conversions and mma."""
         if self.S:
             return self._run_bulk(pre[1])
         ws, sbs = pre
         d = len(ws)
-        x_cur, sa_cur = self.load_x(0), self.load_sa(0)
+        A = self.XA
+        xq = [self.load_x(i) for i in range(min(A, self.NIT))]
+        saq = [self.load_sa(i) for i in range(min(A, self.NIT))]
         acc = [[self.o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
             if it + d < self.NIT:
                 ws.append(self.load_w(it + d))
                 sbs.append(self.load_sb(it + d))
-            if it + 1 < self.NIT:
-                x_nxt, sa_nxt = self.load_x(it + 1), self.load_sa(it + 1)
+            if it + A < self.NIT:
+                xq.append(self.load_x(it + A))
+                saq.append(self.load_sa(it + A))
             for u in range(self.U):
-                ph, pb = self.block_mma(ws[it], x_cur, u)
-                acc = self.promote(acc, ph, pb, sa_cur, sbs[it], u)
-            ws[it] = sbs[it] = None  # consumed
-            if it + 1 < self.NIT:
-                x_cur, sa_cur = x_nxt, sa_nxt
+                ph, pb = self.block_mma(ws[it], xq[it], u)
+                acc = self.promote(acc, ph, pb, saq[it], sbs[it], u)
+            ws[it] = sbs[it] = xq[it] = saq[it] = None  # consumed
         return acc
 
-    def _run_bulk(self, sb_cur):
+    def _run_bulk(self, sbq):
+        """The ring's K loop: the stage iteration it - 1 used is refilled with iteration
+        it + S - 1; x and the scales of iteration it + xahead are loaded into registers."""
         o = self.o
-        x_cur, sa_cur = self.load_x(0), self.load_sa(0)
+        A = self.XA
+        xq = [self.load_x(i) for i in range(min(A, self.NIT))]
+        saq = [self.load_sa(i) for i in range(min(A, self.NIT))]
         acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
             self.bulk_issue(it + self.S - 1)  # into the stage iteration it - 1 used
-            if it + 1 < self.NIT:
-                x_nxt, sa_nxt, sb_nxt = self.load_x(it + 1), self.load_sa(it + 1), self.load_sb(it + 1)
+            if it + A < self.NIT:
+                xq.append(self.load_x(it + A))
+                saq.append(self.load_sa(it + A))
+                sbq.append(self.load_sb(it + A))
             self.bulk_wait(it)
             for u in range(self.U):
-                ph, pb = self.block_mma(self.bulk_read(it, u), x_cur, u)
-                acc = self.promote(acc, ph, pb, sa_cur, sb_cur, u)
-            if it + 1 < self.NIT:
-                x_cur, sa_cur, sb_cur = x_nxt, sa_nxt, sb_nxt
+                ph, pb = self.block_mma(self.bulk_read(it, u), xq[it], u)
+                acc = self.promote(acc, ph, pb, saq[it], sbq[it], u)
+            xq[it] = saq[it] = sbq[it] = None  # consumed
         return acc
 
     def final(self, s, m, col):
