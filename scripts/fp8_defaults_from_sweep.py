@@ -56,11 +56,13 @@ def row_comments(text: str) -> dict:
 
 def rows_from(record: dict, margin: float, current: dict | None = None,
               baseline=None, against: str = "the heuristic",
-              comments: dict | None = None) -> tuple[dict, list[str]]:
+              comments: dict | None = None, source: str = "this record") -> tuple[dict, list[str]]:
     """baseline(m_tile, n, k) -> the config a row must beat (default: the shape heuristic),
     named `against` in the notes. A row carried over from `current` keeps its comment from
-    `comments` (where it was measured)."""
+    `comments` (where it was measured); a current row the record measured slower than a config
+    within the margin of `against` is dropped (the heuristic takes its place)."""
     comments = comments or {}
+    dropped = set()
     baseline = baseline or (lambda mt, n, k: fp8.heuristic_fp8_config(mt, n, k))
     shapes = {r["shape"]: (r["N"], r["K"]) for r in record.get("rows", [])}
     table, notes = {}, []
@@ -84,17 +86,20 @@ def rows_from(record: dict, margin: float, current: dict | None = None,
                 have_cfg = fp8.Fp8Config.from_dict(have)
                 have_us = v["all_us"].get(have_cfg.key())
                 if have_us is None or v["best_us"] >= have_us * (1 - margin):
-                    table[(n, k, mt)] = (have_cfg.to_dict(), comments.get((n, k, mt), name), None, None, None)
+                    note = f"{name}: {have_us:.2f} us in {source}" if have_us is not None else name
+                    table[(n, k, mt)] = (have_cfg.to_dict(), comments.get((n, k, mt), note), None, None, None)
                     notes.append(f"{name} M<={mt}: current row {have_cfg.key()} kept")
                     continue
-            label = name if have is None else f"{name} (replaces {have_cfg.key()}, {have_us:.2f} us in this record)"
+            label = name if have is None else f"{name} (replaces {have_cfg.key()}, {have_us:.2f} us in {source})"
             if heur_us is None or v["best_us"] < heur_us * (1 - margin):
                 table[(n, k, mt)] = (cfg.to_dict(), label, v["best_us"], heur, heur_us)
             else:
+                dropped.add((n, k, mt))
                 notes.append(f"{name} M<={mt}: best {cfg.key()} {v['best_us']:.2f} us within {margin:.0%}"
                              f" of {against} {heur} {heur_us:.2f} us: {against} kept")
-    for key, d in (current or {}).items():  # rows of shapes this record did not sweep
-        table.setdefault(key, (d, comments.get(key, "(not in this record)"), None, None, None))
+    for key, d in (current or {}).items():  # rows this record did not sweep (or could not replace)
+        if key not in dropped:
+            table.setdefault(key, (d, comments.get(key, "(not in this record)"), None, None, None))
     return table, notes
 
 
@@ -135,7 +140,7 @@ def _source(src: str, old: str, fresh: bool) -> str:
     if old.startswith(src):
         return old  # the same record again: its source line stays as it was
     older = [p for p in dict.fromkeys(re.findall(r"[^\s(:;,]+\.json", old)) if p != src]
-    return f"{src} (rows it did not improve: {', '.join(older)})"
+    return f"{src} (rows it did not improve: {', '.join(older)})" if older else src
 
 
 def main() -> int:
@@ -159,12 +164,13 @@ def main() -> int:
     if record.get("sweep_kinds", "block") == "tensor":
         table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED_TENSOR,
                                  baseline=lambda mt, n, k: fp8.default_fp8_config(mt, n, k),
-                                 against="the block-scale default", comments=row_comments(tensor_text))
+                                 against="the block-scale default", comments=row_comments(tensor_text),
+                                 source=src)
         tensor_text = render_tensor(table, _source(src, fp8_defaults.SOURCE_TENSOR, a.fresh))
         what = "per-tensor"
     else:
         table, notes = rows_from(record, a.margin, {} if a.fresh else fp8_defaults.MEASURED,
-                                 comments=row_comments(block_text))
+                                 comments=row_comments(block_text), source=src)
         block_text = render_block(table, _source(src, fp8_defaults.SOURCE, a.fresh))
         what = "block-scale"
     Path(a.out).write_text(block_text.rstrip("\n") + "\n" + (tensor_text and "\n" + tensor_text))

@@ -81,7 +81,10 @@ class NumpyOps:
         self.smem = np.zeros(max(smem_bytes, 16), dtype=np.uint8)
         self.inflight = np.zeros(self.smem.size, dtype=bool)  # copied, not landed
         self.unread = np.zeros(self.smem.size, dtype=bool)  # landed, not read since
+        self.read_unsynced = np.zeros(self.smem.size, dtype=bool)  # read since the last warp sync
         self.bars = {}  # address -> dict(phase, armed, tx, copies)
+        self.unfenced = False  # barriers initialised, init fence not yet passed
+        self.owned = []  # (start, end) of each warp's ring and barriers
 
     @staticmethod
     def _lanes(idx, limit):
@@ -96,14 +99,22 @@ class NumpyOps:
         b = self._one(bar, lanes[0])
         assert b % 8 == 0 and b + 8 <= self.smem.size and b not in self.bars, f"barrier at {b}"
         self.bars[b] = {"phase": 0, "armed": False, "tx": 0, "copies": []}
+        self.unfenced = True
 
     def mbar_init_fence(self):
-        pass
+        self.unfenced = False
+
+    def claim(self, start: int, end: int):
+        """A warp's ring or barriers: inside shared memory and apart from every other warp's."""
+        assert 0 < start <= end <= self.smem.size, f"[{start}, {end}) outside shared memory"
+        assert all(end <= a or b <= start for a, b in self.owned), f"[{start}, {end}) overlaps another warp's"
+        self.owned.append((start, end))
 
     def sync_warp(self):
-        pass
+        self.read_unsynced[:] = False
 
     def expect_tx(self, bar, nbytes, idx, limit):
+        assert not self.unfenced, "barrier used before the init fence"
         lanes = self._lanes(idx, limit)
         assert len(lanes) == 1, "one lane arms a phase"
         st = self.bars[self._one(bar, lanes[0])]
@@ -119,13 +130,17 @@ class NumpyOps:
             span = slice(d, d + nbytes)
             assert not self.inflight[span].any(), "two copies in flight into the same bytes"
             assert not self.unread[span].any(), "copy over landed bytes nobody read"
-            data = self.mem.read(np.array([s_]), nbytes)[0].copy()
+            # other lanes' reads are ordered before this copy only by a warp sync
+            assert not self.read_unsynced[span].any(), "copy over bytes read since the last warp sync"
+            assert 0 < s_ and s_ + nbytes <= self.mem.top, "bulk copy source out of bounds"
+            data = self.mem.buf[s_:s_ + nbytes].copy()
             self.inflight[span] = True
             st = self.bars[b]
             st["copies"].append((d, data))
             st["tx"] -= nbytes
 
     def mbar_wait(self, bar, parity):
+        assert not self.unfenced, "barrier used before the init fence"
         for b in {int(v) for v in np.broadcast_to(np.asarray(bar), (32,))}:
             st = self.bars[b]
             if st["phase"] % 2 != parity:  # that phase has completed before: no new bytes
@@ -143,6 +158,7 @@ class NumpyOps:
         idx = a[:, None] + np.arange(16)
         assert not self.inflight[idx].any(), "read of bytes still in flight"
         self.unread[idx] = False
+        self.read_unsynced[idx] = True
         words = self.smem[idx].copy().view("<u4").astype(np.int64)
         return [words[:, j] for j in range(4)]
 
@@ -244,6 +260,9 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
             ln.setup_weights(w_base, n_tile0, G, T, wk, sb_base, *sb_strides)
             if cfg.bulk:
                 ln.setup_bulk(np.int64(128), np.int64(128 + ring_bytes), warp, LANES, G, T)
+                ring0, bars0 = int(np.min(ln.ring)), int(np.min(ln.bars))
+                ops.claim(ring0, ring0 + cfg.bulk * cfg.bulk_stage_bytes())
+                ops.claim(bars0, bars0 + 8 * cfg.bulk)
             pre = ln.preload()
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
             acc = ln.run(pre)

@@ -235,6 +235,7 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=1, warps_k=2, unroll=2, hw=2, xahead=4), 4, 24, 1024),
     (Fp8Config(m_tile=16, tiles=2, warps_k=1, unroll=1, hw=4, bulk=3, xahead=2), 9, 40, 640),
     (Fp8Config(m_tile=8, tiles=1, warps_k=2, unroll=1, hw=4, bulk=2, xahead=3), 6, 16, 768),
+    (Fp8Config(m_tile=16, tiles=1, warps_k=1, unroll=4, hw=4, bulk=2), 7, 24, 1024),  # 512-byte copies
 ]
 
 
@@ -293,14 +294,17 @@ def test_emulator_catches_mismatched_k_permutation():
     assert not _close(bad, ref, x, w)[0]
 
 
-@pytest.mark.parametrize("bug", ["parity", "ahead", "no_arm"])
+@pytest.mark.parametrize("bug", ["parity", "ahead", "early", "no_sync", "no_fence", "no_arm", "overlap"])
 def test_emulator_catches_bulk_ring_mistakes(bug, monkeypatch):
     """Negative controls of the emulated ring: waiting on the other phase parity reads bytes
-    still in flight; refilling a stage one iteration early copies over bytes not yet read (or
-    into bytes still in flight); a stage whose byte count is never armed never completes."""
+    still in flight; refilling a stage one iteration early re-arms a phase still pending;
+    refilling it right after its wait copies over landed bytes nobody read; without the warp
+    sync a copy may overwrite what other lanes just read; a barrier used before the init
+    fence; a stage whose byte count is never armed never completes; two warps' rings that
+    overlap."""
     from executors.cute import fp8_lane
 
-    cfg, m, n, k = Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, bulk=2), 4, 16, 640
+    cfg, m, n, k = Fp8Config(m_tile=8, tiles=2, warps_k=2, hw=4, bulk=2), 4, 16, 1280
     rng = np.random.default_rng(5)
     x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
     sa, sb = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)
@@ -313,9 +317,21 @@ def test_emulator_catches_bulk_ring_mistakes(bug, monkeypatch):
     elif bug == "ahead":
         orig = lp.bulk_issue
         monkeypatch.setattr(lp, "bulk_issue", lambda self, it: orig(self, it + 1) if it >= 1 else orig(self, it))
+    elif bug == "early":
+        wait, issue = lp.bulk_wait, lp.bulk_issue
+        monkeypatch.setattr(lp, "bulk_wait", lambda self, it: (wait(self, it), issue(self, it + self.S)))
+    elif bug == "no_sync":
+        monkeypatch.setattr(NumpyOps, "sync_warp", lambda self: None)
+    elif bug == "no_fence":
+        monkeypatch.setattr(NumpyOps, "mbar_init_fence", lambda self: None)
+    elif bug == "overlap":
+        orig = lp.setup_bulk
+        monkeypatch.setattr(lp, "setup_bulk", lambda self, ring, bars, warp, *a: orig(self, ring, bars, warp * 0, *a))
     else:
         monkeypatch.setattr(NumpyOps, "expect_tx", lambda self, bar, nbytes, idx, limit: None)
-    why = {"parity": "in flight", "ahead": "armed twice|copy over landed bytes|copies in flight", "no_arm": "armed False"}
+    why = {"parity": "in flight", "ahead": "armed twice", "early": "copy over landed bytes nobody read",
+           "no_sync": "read since the last warp sync", "no_fence": "before the init fence",
+           "no_arm": "armed False", "overlap": "overlaps another warp"}
     with pytest.raises(AssertionError, match=why[bug]):
         emulate(cfg, x, w, sa, sb, 0, 0)
 
@@ -468,13 +484,13 @@ def test_sass_bulk_ring_copies_before_wait_no_spills():
 def test_bulk_grid_fits_and_keeps_bytes_in_flight():
     """fp8_bulk_grid's candidates: rings that fit the shape and shared memory, a whole grid
     resident at once, and at least 48 KiB of weights in flight per SM."""
-    from executors.cute.fp8_config import SMEM_PER_SM, bulk_blocks_per_sm
+    from executors.cute.fp8_config import SMEM_PER_BLOCK, bulk_blocks_per_sm
 
     for m, (n, k) in ((8, SHAPES["qkv_a"]), (16, SHAPES["mlp_gate_up"]), (16, SHAPES["qkvg"])):
         grid = fp8.fp8_bulk_grid(m, n, k)
         assert grid[0] == fp8.default_fp8_config(m, n, k) and len(grid) > 5
         for c in grid[1:]:
-            assert c.bulk >= 2 and c.check(m, n, k) is None and c.smem_bytes() <= SMEM_PER_SM
+            assert c.bulk >= 2 and c.check(m, n, k) is None and c.smem_bytes() <= SMEM_PER_BLOCK
             per = bulk_blocks_per_sm(c)
             assert c.grid(n) <= fp8.SMS * per
             resident = min(per, -(-c.grid(n) // fp8.SMS))
@@ -746,7 +762,7 @@ def test_defaults_from_sweep_keeps_provenance_of_carried_rows():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     old8 = Fp8Config(m_tile=8, tiles=2, warps_k=7, hw=4)
-    old16 = Fp8Config(m_tile=16, tiles=2, warps_k=14, hw=4)
+    old16 = Fp8Config(m_tile=16, tiles=2, warps_k=7, hw=4)
     text = ("MEASURED = {\n    # qkv_a: 5.10 us on an earlier record\n    (2112, 7168, 8): {},\n"
             "    # qkv_a: 7.00 us there\n    (2112, 7168, 16): {},\n    # other: 1.00 us\n    (64, 128, 8): {},\n}\n")
     comments = mod.row_comments(text)
@@ -761,9 +777,17 @@ def test_defaults_from_sweep_keeps_provenance_of_carried_rows():
     assert table[(2112, 7168, 8)][1] == "qkv_a: 5.10 us on an earlier record"
     assert table[(64, 128, 8)][1] == "other: 1.00 us"
     assert table[(2112, 7168, 16)][0] == ring.to_dict()
-    assert f"replaces {old16.key()}, 7.00 us" in table[(2112, 7168, 16)][1]
+    assert f"replaces {old16.key()}, 7.00 us in this record" in table[(2112, 7168, 16)][1]
     assert mod._source("b.json", "a.json (rows it did not improve: z.json)", False) == \
         "b.json (rows it did not improve: a.json, z.json)"
+    assert mod._source("b.json", "b.json", False) == "b.json" and mod._source("b.json", "x", False) == "b.json"
+    # a current row the record measured slower than a config within 2 % of the heuristic goes
+    heur = fp8.heuristic_fp8_config(16, 2112, 7168)
+    rec["sweep"]["qkv_a"]["16"]["all_us"] = {ring.key(): 5.0, old16.key(): 7.0, heur.key(): 5.05}
+    rec["sweep"]["qkv_a"]["16"]["best_us"] = 5.0
+    table, notes = mod.rows_from(rec, 0.02, current, comments=comments)
+    assert (2112, 7168, 16) not in table and any("heuristic kept" in n for n in notes)
+    assert (64, 128, 8) in table
 
 
 def test_per_tensor_scales_take_their_own_measured_row(monkeypatch):

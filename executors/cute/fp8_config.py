@@ -16,7 +16,8 @@ from .fp8_defaults import SMS as MEASURED_SMS
 BLOCK = 128  # K block of the scales (and of the kernel's K walk), N block of the weight scales
 FP8_MAX_M = 16
 SMS = 132  # H200 / H100 SXM streaming multiprocessors (config heuristics only)
-SMEM_PER_SM = 227 * 1024  # sm_90 shared memory the blocks of one SM may use together
+SMEM_PER_BLOCK = 227 * 1024  # sm_90: the most shared memory one block may use
+SMEM_PER_SM = 228 * 1024  # sm_90: shared memory of one SM, 1 KiB of it reserved per resident block
 BULK_PAD = 64  # bytes between the rows of a bulk stage: rows g and g + 1 start 64 bytes apart
 # modulo 128, so the 8 lanes of one phase of a 16-byte shared load hit 32 distinct banks
 SCALE_A_KINDS = ("tensor", "row", "block")
@@ -132,9 +133,9 @@ class Fp8Config:
             return "xahead (iterations of activations in flight) is 1..4"
         if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
             return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
-        if self.smem_bytes() * max(self.minb, 1) > SMEM_PER_SM:
-            return (f"{self.smem_bytes()} bytes of shared memory per block x {max(self.minb, 1)} "
-                    f"blocks > {SMEM_PER_SM}")
+        if self.smem_bytes() > SMEM_PER_BLOCK or (self.smem_bytes() + 1024) * max(self.minb, 1) > SMEM_PER_SM:
+            return (f"{self.smem_bytes()} bytes of shared memory per block (+ 1 KiB reserved) x "
+                    f"{max(self.minb, 1)} blocks > {SMEM_PER_SM} per SM (or > {SMEM_PER_BLOCK} per block)")
         return None
 
 
@@ -313,7 +314,7 @@ def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48
             for unroll in (1, 2, 4):
                 for st in (2, 3, 4, 6):
                     c = dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll, bulk=st,
-                                            depth=1, minb=0, hw=4, warps_n=1)
+                                            depth=1, minb=0, hw=4, warps_n=1, xahead=1)
                     if (c in out or not _fits(c, m, n, k) or st > c.iterations(k) + 1
                             or (tiles == 4 and c.threads() > 256)):
                         continue
