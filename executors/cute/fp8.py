@@ -29,12 +29,18 @@ Public API (torch / cutlass imported lazily: importing this module needs neither
   dtype when out is given, else torch.bfloat16; torch.float32 also works)
 * ``Fp8Config``, ``default_fp8_config(m, n, k)`` (the measured table executors/cute/fp8_defaults.py,
   else ``heuristic_fp8_config``), ``fp8_configs_for(m, n, k)``, ``fp8_config_grid(m, n, k)``,
-  ``fp8_bulk_grid(m, n, k)`` (the bulk-copy ring's sweep), ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
+  ``fp8_bulk_grid(m, n, k)`` (the bulk-copy ring's sweep), ``fp8_ahead_grid(m, n, k)``,
+  ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
 Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
 on disk with the bf16 kernels' machinery (executors.cute.disk_cached), and launched on torch's
 current stream with programmatic dependent launch: the first weight vectors and weight scales
 are loaded before ``griddepcontrol.wait``, x and scale_a after it.
+
+Weights reach the mma either straight into registers (``depth`` iterations ahead) or, with
+``Fp8Config.bulk`` = S, through a per-warp ring of S shared-memory stages filled by TMA bulk
+copies that complete on an mbarrier per stage (fp8_lane.py describes the protocol); x and its
+scales are loaded ``xahead`` iterations ahead. The measured table picks per shape and M bucket.
 """
 
 from __future__ import annotations
