@@ -400,26 +400,6 @@ def test_ptx_of_default_configs(default_ptx):
         assert ".local" not in ptx, tag
 
 
-def _regcount(cubin: bytes) -> int:
-    """EIATTR_REGCOUNT of the (single) kernel from the cubin's .nv.info section."""
-    import struct
-
-    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    stroff = secs[shstrndx][4]
-    for s in secs:
-        name = cubin[stroff + s[0]:cubin.index(b"\0", stroff + s[0])]
-        if name == b".nv.info":
-            data, i = cubin[s[4]:s[4] + s[5]], 0
-            while i + 4 <= len(data):
-                fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
-                if fmt == 4 and attr == 0x2F:
-                    return struct.unpack_from("<II", data, i + 4)[1]
-                i += 4 + size if fmt == 4 else 4
-    raise AssertionError("no EIATTR_REGCOUNT")
-
-
 def test_sass_loads_before_wait_no_spills_registers_fit():
     """What ptxas made of it: the first weight vectors (LDG.E.NA) are issued before
     griddepcontrol.wait (ACQBULK), nothing spills, and the launch bound's register budget holds."""
@@ -455,7 +435,7 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
             assert sass.count("ACQBULK") == 1
             assert "STL" not in sass and "LDL" not in sass, (name, cfg.key())
             assert sass.count("HMMA.16816.F32") == cfg.iterations(k) * cfg.unroll * 8 * cfg.tiles
-            regs = _regcount(cub)
+            regs = ec.cubin_regcount(cub)
             # the whole grid is resident at once (no second wave), by registers and threads
             per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32,
                          SMEM_PER_SM // max(cfg.smem_bytes() + 1024, 1))

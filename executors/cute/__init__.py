@@ -303,6 +303,26 @@ def ptx_of(build, arch: str) -> str:
     return ptx
 
 
+def cubin_regcount(cubin: bytes) -> int:
+    """Registers per thread (EIATTR_REGCOUNT) of the single kernel in a cubin's .nv.info."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    stroff = secs[shstrndx][4]
+    for s in secs:
+        name = cubin[stroff + s[0]:cubin.index(b"\0", stroff + s[0])]
+        if name == b".nv.info":
+            data, i = cubin[s[4]:s[4] + s[5]], 0
+            while i + 4 <= len(data):
+                fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
+                if fmt == 4 and attr == 0x2F:
+                    return struct.unpack_from("<II", data, i + 4)[1]
+                i += 4 + size if fmt == 4 else 4
+    raise ValueError("no EIATTR_REGCOUNT in the cubin")
+
+
 def cubin_of(build, arch: str) -> bytes:
     """Cubin of build(extra_options) compiled for `arch` (no GPU needed; caller holds the lock)."""
     with tempfile.TemporaryDirectory() as d:
