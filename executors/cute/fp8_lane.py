@@ -27,6 +27,9 @@ barrier with the stage's byte count. Iteration it waits for its stage's phase, r
 16-byte vectors as the register path from shared memory, and the stage is refilled with
 iteration it + S at the start of iteration it + 1 (after the warp's mma of iteration it have
 consumed every lane's reads). S - 1 iterations are in flight while one is computed.
+
+With ``xahead`` = A, the x vectors and activation scales of iteration it + A (in the ring also
+its weight scales) are loaded during iteration it; A = 1 is the program without the option.
 """
 
 from __future__ import annotations
