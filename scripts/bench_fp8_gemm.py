@@ -397,13 +397,7 @@ def candidates(mode: str, m: int, n: int, k: int, kinds: str = "block"):
     if mode == "ahead":
         return fp8.fp8_ahead_grid(m, n, k)
     if mode == "bulk-ahead":  # the rings with x and the scales 1-3 iterations ahead
-        out = []
-        for c in fp8.fp8_bulk_grid(m, n, k):
-            for a in (1, 2, 3):
-                cc = dataclasses.replace(c, xahead=a)
-                if cc not in out and cc.check(m, n, k) is None and a <= max(1, cc.iterations(k)):
-                    out.append(cc)
-        return out
+        return fp8.fp8_ahead_grid(m, n, k, base=fp8.fp8_bulk_grid(m, n, k))
     return fp8.fp8_configs_for(m, n, k, kinds=SWEEP_KINDS[kinds])
 
 

@@ -17,15 +17,14 @@ import statistics
 import sys
 
 from executors.cute import _lock, cubin_of, cubin_regcount, fp8, fp8_kernels
-from executors.cute.fp8_config import BLOCK, SMEM_PER_SM, SMS
+from executors.cute.fp8_config import BLOCK, SMS, blocks_per_sm
 
 
 def balance(cfg, n: int, k: int) -> dict:
     with _lock:
         cub = cubin_of(lambda opts: fp8_kernels.compile_tvm_ffi(cfg, n, k, 2, 2, 0, extra_options=opts), "sm_90a")
     regs = cubin_regcount(cub)
-    per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32,
-                 SMEM_PER_SM // (cfg.smem_bytes() + 1024))
+    per_sm = blocks_per_sm(cfg, regs)
     blocks = cfg.grid(n)
     wave = SMS * per_sm
     # round-robin over SMs, one wave at a time: the busiest SM's blocks over the mean

@@ -410,7 +410,7 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
     import tempfile
 
     from executors.cute import _lock, cubin_of, fp8_kernels
-    from executors.cute.fp8_config import SMEM_PER_SM
+    from executors.cute.fp8_config import blocks_per_sm
 
     for name in ("qkv_a", "mlp_gate_up", "qkvg", "fa_beta"):
         n, k = SHAPES[name]
@@ -437,8 +437,7 @@ def test_sass_loads_before_wait_no_spills_registers_fit():
             assert sass.count("HMMA.16816.F32") == cfg.iterations(k) * cfg.unroll * 8 * cfg.tiles
             regs = ec.cubin_regcount(cub)
             # the whole grid is resident at once (no second wave), by registers and threads
-            per_sm = min(65536 // (-(-regs // 8) * 8 * cfg.threads()), 2048 // cfg.threads(), 32,
-                         SMEM_PER_SM // max(cfg.smem_bytes() + 1024, 1))
+            per_sm = blocks_per_sm(cfg, regs)
             assert cfg.grid(n) <= fp8.SMS * per_sm, (name, cfg.key(), regs, per_sm)
 
 
@@ -464,14 +463,14 @@ def test_sass_bulk_ring_copies_before_wait_no_spills():
 def test_bulk_grid_fits_and_keeps_bytes_in_flight():
     """fp8_bulk_grid's candidates: rings that fit the shape and shared memory, a whole grid
     resident at once, and at least 48 KiB of weights in flight per SM."""
-    from executors.cute.fp8_config import SMEM_PER_BLOCK, bulk_blocks_per_sm
+    from executors.cute.fp8_config import SMEM_PER_BLOCK, blocks_per_sm
 
     for m, (n, k) in ((8, SHAPES["qkv_a"]), (16, SHAPES["mlp_gate_up"]), (16, SHAPES["qkvg"])):
         grid = fp8.fp8_bulk_grid(m, n, k)
         assert grid[0] == fp8.default_fp8_config(m, n, k) and len(grid) > 5
         for c in grid[1:]:
             assert c.bulk >= 2 and c.check(m, n, k) is None and c.smem_bytes() <= SMEM_PER_BLOCK
-            per = bulk_blocks_per_sm(c)
+            per = blocks_per_sm(c)
             assert c.grid(n) <= fp8.SMS * per
             resident = min(per, -(-c.grid(n) // fp8.SMS))
             assert (c.bulk - 1) * c.bulk_stage_bytes() * c.warps_k * resident >= 48 * 1024

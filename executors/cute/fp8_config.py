@@ -280,11 +280,13 @@ def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
     return out
 
 
-def fp8_ahead_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
-    """fp8_configs_for's candidates, each also with x and the scales loaded 2 and 3 iterations
-    ahead (`--sweep ahead` of bench_fp8_gemm.py)."""
+def fp8_ahead_grid(m: int, n: int, k: int, sms: int = SMS,
+                   base: list[Fp8Config] | None = None) -> list[Fp8Config]:
+    """`base` (default: fp8_configs_for's candidates), each with x and the scales loaded 1, 2
+    and 3 iterations ahead (`--sweep ahead` of bench_fp8_gemm.py; `bulk-ahead` passes
+    fp8_bulk_grid's rings)."""
     out: list[Fp8Config] = []
-    for c in fp8_configs_for(m, n, k, sms=sms):
+    for c in fp8_configs_for(m, n, k, sms=sms) if base is None else base:
         for a in (1, 2, 3):
             cc = dataclasses.replace(c, xahead=a)
             if cc not in out and _fits(cc, m, n, k) and a <= max(1, cc.iterations(k)):
@@ -292,9 +294,14 @@ def fp8_ahead_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
     return out
 
 
-def bulk_blocks_per_sm(cfg: Fp8Config) -> int:
-    """Blocks of a config one SM holds by shared memory and threads (registers not counted)."""
-    return max(0, min(SMEM_PER_SM // max(cfg.smem_bytes() + 1024, 1), 2048 // cfg.threads(), 32))
+def blocks_per_sm(cfg: Fp8Config, regs: int | None = None) -> int:
+    """Blocks of a config one SM holds by shared memory (1 KiB reserved per block), threads and
+    the 32-block cap, and by registers when `regs` (per thread, allocated in units of 8) is
+    known from the compiled kernel."""
+    n = min(SMEM_PER_SM // (cfg.smem_bytes() + 1024), 2048 // cfg.threads(), 32)
+    if regs is not None:
+        n = min(n, 65536 // (-(-regs // 8) * 8 * cfg.threads()))
+    return max(0, n)
 
 
 def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48 * 1024) -> list[Fp8Config]:
@@ -318,7 +325,7 @@ def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48
                     if (c in out or not _fits(c, m, n, k) or st > c.iterations(k) + 1
                             or (tiles == 4 and c.threads() > 256)):
                         continue
-                    per_sm = bulk_blocks_per_sm(c)
+                    per_sm = blocks_per_sm(c)
                     resident = min(per_sm, _cdiv(c.grid(n), sms))
                     inflight = (st - 1) * c.bulk_stage_bytes() * c.warps_k * resident
                     if c.grid(n) <= sms * per_sm and inflight >= min_inflight:

@@ -268,8 +268,7 @@ class LaneProgram:
         ws, sbs = pre
         d = len(ws)
         A = self.XA
-        xq = [self.load_x(i) for i in range(min(A, self.NIT))]
-        saq = [self.load_sa(i) for i in range(min(A, self.NIT))]
+        xq, saq = self._acts_ahead()
         acc = [[self.o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
             if it + d < self.NIT:
@@ -284,13 +283,18 @@ class LaneProgram:
             ws[it] = sbs[it] = xq[it] = saq[it] = None  # consumed
         return acc
 
+    def _acts_ahead(self):
+        """The x vectors and activation scales of the first xahead iterations (after the PDL
+        wait), as the two queues the K loops extend."""
+        first = range(min(self.XA, self.NIT))
+        return [self.load_x(i) for i in first], [self.load_sa(i) for i in first]
+
     def _run_bulk(self, sbq):
         """The ring's K loop: the stage iteration it - 1 used is refilled with iteration
         it + S - 1; x and the scales of iteration it + xahead are loaded into registers."""
         o = self.o
         A = self.XA
-        xq = [self.load_x(i) for i in range(min(A, self.NIT))]
-        saq = [self.load_sa(i) for i in range(min(A, self.NIT))]
+        xq, saq = self._acts_ahead()
         acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
             self.bulk_issue(it + self.S - 1)  # into the stage iteration it - 1 used
