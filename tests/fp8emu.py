@@ -6,7 +6,8 @@ own index helpers. Every load is checked for alignment and bounds, every output 
 written exactly once. The bulk ring (Fp8Config.bulk) runs on an emulated shared memory: a bulk
 copy's bytes land only when a wait on its mbarrier's phase returns, a wait checks the phase's
 parity and that its byte count was armed and met, a read of bytes still in flight is refused,
-and so is a copy over landed bytes no lane has read yet."""
+and so are a copy over landed bytes no lane has read yet or over bytes read since the last warp
+sync, a barrier used before the init fence, and two warps' rings or barriers that overlap."""
 
 from __future__ import annotations
 
@@ -61,9 +62,11 @@ class Memory:
                 self.buf[a:a + elem] = raw[i, j]
         return base
 
-    def read(self, addr, nbytes: int) -> np.ndarray:
+    def read(self, addr, nbytes: int, align: int | None = None) -> np.ndarray:
+        """nbytes at each address, which must be aligned to `align` (default: nbytes)."""
         a = np.asarray(addr, dtype=np.int64).reshape(-1)
-        assert (a % nbytes == 0).all(), f"misaligned {nbytes}-byte load at {a[a % nbytes != 0][:4]}"
+        al = align or nbytes
+        assert (a % al == 0).all(), f"misaligned {nbytes}-byte load at {a[a % al != 0][:4]}"
         assert (a > 0).all() and (a + nbytes <= self.top).all(), "load out of bounds"
         return self.buf[a[:, None] + np.arange(nbytes)]
 
@@ -125,15 +128,14 @@ class NumpyOps:
         assert nbytes % 16 == 0 and nbytes > 0
         for lane in self._lanes(idx, limit):
             d, s_, b = self._one(dst, lane), self._one(src, lane), self._one(bar, lane)
-            assert d % 16 == 0 and s_ % 16 == 0, "bulk copy addresses must be 16-byte aligned"
+            assert d % 16 == 0, "bulk copy destination must be 16-byte aligned"
             assert 0 < d and d + nbytes <= self.smem.size, "bulk copy outside shared memory"
             span = slice(d, d + nbytes)
             assert not self.inflight[span].any(), "two copies in flight into the same bytes"
             assert not self.unread[span].any(), "copy over landed bytes nobody read"
             # other lanes' reads are ordered before this copy only by a warp sync
             assert not self.read_unsynced[span].any(), "copy over bytes read since the last warp sync"
-            assert 0 < s_ and s_ + nbytes <= self.mem.top, "bulk copy source out of bounds"
-            data = self.mem.buf[s_:s_ + nbytes].copy()
+            data = self.mem.read(np.array([s_]), nbytes, align=16)[0].copy()
             self.inflight[span] = True
             st = self.bars[b]
             st["copies"].append((d, data))
