@@ -522,7 +522,9 @@ def main():
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "bulk", "ahead", "bulk-ahead"),
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
-                         " setting varied at a time), grid = fp8_config_grid (combinations)")
+                         " setting varied at a time), grid = fp8_config_grid (combinations), bulk ="
+                         " fp8_bulk_grid (bulk-copy rings), ahead = fp8_ahead_grid (near, x loaded 1-3"
+                         " iterations ahead), bulk-ahead = the rings so")
     ap.add_argument("--sweep-kinds", choices=sorted(SWEEP_KINDS), default="block",
                     help="scale kinds the sweep times with (tensor: per-tensor scales on both operands,"
                          " for fp8_defaults.MEASURED_TENSOR)")

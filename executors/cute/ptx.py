@@ -15,18 +15,24 @@ from .config import EPOCH_SPAN, epoch_shares
 # --------------------------------------------------------------------------------------
 # PTX helpers
 # --------------------------------------------------------------------------------------
-def _ld_v4(instr: str, addr, loc, ip):
-    """One 128-bit global load `instr` (e.g. ld.global.v4.u32) as four i32 values."""
+def _ld_v4(instr: str, addr, loc, ip, shared: bool = False):
+    """One 128-bit load `instr` (e.g. ld.global.v4.u32) as four i32 values; `shared`: addr is a
+    32-bit shared-memory address, else a 64-bit global one."""
     res = llvm.inline_asm(
         llvm.StructType.get_literal([T.i32()] * 4),
-        [Int64(addr).ir_value(loc=loc, ip=ip)],
+        [(Int32(addr) if shared else Int64(addr)).ir_value(loc=loc, ip=ip)],
         instr + " {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,l",
+        "=r,=r,=r,=r," + ("r" if shared else "l"),
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
     return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
+
+
+def _below(idx: str, limit: int, instr: str) -> str:
+    """A PTX block that runs `instr` only where the u32 operand `idx` (e.g. $2) < limit."""
+    return "{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, {idx}, {int(limit)};\n\t@p {instr}\n\t}}"
 
 
 @dsl_user_op
@@ -53,8 +59,7 @@ def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=
     (sm_90 TMA unit): puts requests in flight without holding registers."""
     llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip),
                            Int32(idx).ir_value(loc=loc, ip=ip)],
-                    "{\n\t.reg .pred p;\n\tsetp.lt.u32 p, $2, " + str(int(limit)) + ";\n\t"
-                    "@p cp.async.bulk.prefetch.L2.global [$0], $1;\n\t}",
+                    _below("$2", limit, "cp.async.bulk.prefetch.L2.global [$0], $1;"),
                     "l,r,r", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
@@ -71,8 +76,7 @@ def _asm(text: str, cons: str, args):
 def mbar_init(bar: Int32, count: int, idx: Int32, limit: int, *, loc=None, ip=None):
     """If idx < limit: initialise the 8-byte mbarrier at shared address `bar` for `count`
     arrivals per phase."""
-    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $1, {int(limit)};\n\t"
-         f"@p mbarrier.init.shared::cta.b64 [$0], {int(count)};\n\t}}",
+    _asm(_below("$1", limit, f"mbarrier.init.shared::cta.b64 [$0], {int(count)};"),
          "r,r", [Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
@@ -86,8 +90,7 @@ def mbar_init_fence(*, loc=None, ip=None):
 def mbar_expect_tx(bar: Int32, nbytes: int, idx: Int32, limit: int, *, loc=None, ip=None):
     """If idx < limit: arrive on `bar` and raise its transaction count by `nbytes` (the bytes
     of the bulk copies that complete this phase)."""
-    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $1, {int(limit)};\n\t"
-         f"@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};\n\t}}",
+    _asm(_below("$1", limit, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {int(nbytes)};"),
          "r,r", [Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
@@ -96,9 +99,8 @@ def bulk_g2s(dst: Int32, src: Int64, nbytes: int, bar: Int32, idx: Int32, limit:
              loc=None, ip=None):
     """If idx < limit: one bulk copy of `nbytes` (multiple of 16; both addresses 16-byte
     aligned) global -> shared, whose bytes complete on mbarrier `bar`."""
-    _asm("{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, $3, {int(limit)};\n\t"
-         "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-         f"[$0], [$1], {int(nbytes)}, [$2];\n\t}}",
+    _asm(_below("$3", limit, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                f"[$0], [$1], {int(nbytes)}, [$2];"),
          "r,l,r,r", [Int32(dst).ir_value(loc=loc, ip=ip), Int64(src).ir_value(loc=loc, ip=ip),
                      Int32(bar).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
@@ -119,11 +121,7 @@ def mbar_wait(bar: Int32, parity: int, *, loc=None, ip=None):
 @dsl_user_op
 def ld_shared_v4(smem: Int32, *, loc=None, ip=None):
     """One 128-bit shared-memory load as four i32 values."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4), [Int32(smem).ir_value(loc=loc, ip=ip)],
-        "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True,
-        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
+    return _ld_v4("ld.shared.v4.u32", smem, loc, ip, shared=True)
 
 
 @dsl_user_op
