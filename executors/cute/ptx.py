@@ -30,6 +30,12 @@ def _ld_v4(instr: str, addr, loc, ip, shared: bool = False):
     return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(4)]
 
 
+def _asm(text: str, cons: str, args):
+    """An inline-PTX statement without results, kept in program order (side effects)."""
+    llvm.inline_asm(None, args, text, cons, has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 def _below(idx: str, limit: int, instr: str) -> str:
     """A PTX block that runs `instr` only where the u32 operand `idx` (e.g. $2) < limit."""
     return "{\n\t.reg .pred p;\n\t" f"setp.lt.u32 p, {idx}, {int(limit)};\n\t@p {instr}\n\t}}"
@@ -57,16 +63,9 @@ def ld_l2_v4(addr: Int64, *, loc=None, ip=None):
 def prefetch_l2_bulk(addr: Int64, nbytes: Int32, idx: Int32, limit: int, *, loc=None, ip=None):
     """If idx < limit: bulk prefetch of nbytes (multiple of 16, 16-byte aligned) into L2
     (sm_90 TMA unit): puts requests in flight without holding registers."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip),
-                           Int32(idx).ir_value(loc=loc, ip=ip)],
-                    _below("$2", limit, "cp.async.bulk.prefetch.L2.global [$0], $1;"),
-                    "l,r,r", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-def _asm(text: str, cons: str, args):
-    llvm.inline_asm(None, args, text, cons, has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm(_below("$2", limit, "cp.async.bulk.prefetch.L2.global [$0], $1;"), "l,r,r",
+         [Int64(addr).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip),
+          Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
 # --------------------------------------------------------------------------------------
@@ -141,26 +140,21 @@ def pdl_wait(tid: Int32, *, loc=None, ip=None):
     ACQBULK); it does not move a loop above earlier code."""
     _WAITS[0] += 1
     lab = f"PDLWAIT{_WAITS[0]}"
-    llvm.inline_asm(None, [Int32(tid).ir_value(loc=loc, ip=ip)],
-                    "{\n\t.reg .pred p;\n\t.reg .u32 i, n;\n\tshr.u32 n, $0, 31;\n\t"
-                    f"add.u32 n, n, 1;\n\tmov.u32 i, 0;\n\t{lab}:\n\tgriddepcontrol.wait;\n\t"
-                    f"add.u32 i, i, 1;\n\tsetp.lt.u32 p, i, n;\n\t@p bra {lab};\n\t}}",
-                    "r", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm("{\n\t.reg .pred p;\n\t.reg .u32 i, n;\n\tshr.u32 n, $0, 31;\n\t"
+         f"add.u32 n, n, 1;\n\tmov.u32 i, 0;\n\t{lab}:\n\tgriddepcontrol.wait;\n\t"
+         f"add.u32 i, i, 1;\n\tsetp.lt.u32 p, i, n;\n\t@p bra {lab};\n\t}}",
+         "r", [Int32(tid).ir_value(loc=loc, ip=ip)])
 
 
 @dsl_user_op
 def fence_acq_rel_gpu(*, loc=None, ip=None):
-    llvm.inline_asm(None, [], "fence.acq_rel.gpu;", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm("fence.acq_rel.gpu;", "", [])
 
 
 @dsl_user_op
 def red_add_release_gpu(addr: Int64, val: Int32, *, loc=None, ip=None):
     """Release-ordered atomic add at GPU scope (publishes this block's earlier writes)."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)],
-                    "red.release.gpu.global.add.u32 [$0], $1;", "l,r", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm("red.release.gpu.global.add.u32 [$0], $1;", "l,r", [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)])
 
 
 def _arrive_ptx(total: str) -> str:
@@ -176,23 +170,16 @@ def _arrive_ptx(total: str) -> str:
 def wait_then_arrive(addr: Int64, target: Int32, total: Int32, *, loc=None, ip=None):
     """Spin (acquire, GPU scope) until *addr >= target, then add 1; the arrival that
     brings the counter to ``total`` resets it to 0 (self-cleaning across launches)."""
-    llvm.inline_asm(
-        None,
-        [Int64(addr).ir_value(loc=loc, ip=ip), Int32(target).ir_value(loc=loc, ip=ip),
-         Int32(total).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .u32 v, o, tm1;\n\t.reg .pred p;\n\t"
-        "SPIN:\n\t"
-        "ld.acquire.gpu.global.u32 v, [$0];\n\t"
-        "setp.lt.u32 p, v, $1;\n\t"
-        "@!p bra DONE;\n\t"
-        "nanosleep.u32 64;\n\t"
-        "bra SPIN;\n\t"
-        "DONE:\n\t" + _arrive_ptx("$2") + "}",
-        "l,r,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    _asm("{\n\t.reg .u32 v, o, tm1;\n\t.reg .pred p;\n\t"
+         "SPIN:\n\t"
+         "ld.acquire.gpu.global.u32 v, [$0];\n\t"
+         "setp.lt.u32 p, v, $1;\n\t"
+         "@!p bra DONE;\n\t"
+         "nanosleep.u32 64;\n\t"
+         "bra SPIN;\n\t"
+         "DONE:\n\t" + _arrive_ptx("$2") + "}",
+         "l,r,r", [Int64(addr).ir_value(loc=loc, ip=ip), Int32(target).ir_value(loc=loc, ip=ip),
+                   Int32(total).ir_value(loc=loc, ip=ip)])
 
 
 @dsl_user_op
@@ -206,12 +193,9 @@ def pack_bf16x2(lo: Float32, hi: Float32, *, loc=None, ip=None):
 @dsl_user_op
 def st_tagged(addr: Int64, val: Int32, tag: Int32, *, loc=None, ip=None):
     """One single-copy-atomic 64-bit store of (val, tag): a reader that sees the tag sees val."""
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip),
-                           Int32(tag).ir_value(loc=loc, ip=ip)],
-                    "{\n\t.reg .b64 d;\n\tmov.b64 d, {$1, $2};\n\t"
-                    "st.relaxed.gpu.global.b64 [$0], d;\n\t}",
-                    "l,r,r", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm("{\n\t.reg .b64 d;\n\tmov.b64 d, {$1, $2};\n\tst.relaxed.gpu.global.b64 [$0], d;\n\t}",
+         "l,r,r", [Int64(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip),
+                   Int32(tag).ir_value(loc=loc, ip=ip)])
 
 
 _POLLS = [0]  # unique PTX labels per poll instance
@@ -268,12 +252,10 @@ def red_epoch(addr: Int64, idx: Int32, total: int, *, loc=None, ip=None):
     """tagged_handoff: arrival `idx` of `total` adds its share of EPOCH_SPAN to the arrival word,
     fire and forget: no atomic round trip before the last blocks of the step can retire."""
     base, rem = epoch_shares(total)
-    llvm.inline_asm(
-        None, [Int64(addr).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .u32 w;\n\t.reg .u64 w64;\n\t.reg .pred p;\n\t"
-        f"setp.lt.u32 p, $1, {rem};\n\tselp.u32 w, {base + 1}, {base}, p;\n\t"
-        "cvt.u64.u32 w64, w;\n\tred.relaxed.gpu.global.add.u64 [$0], w64;\n\t}",
-        "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm("{\n\t.reg .u32 w;\n\t.reg .u64 w64;\n\t.reg .pred p;\n\t"
+         f"setp.lt.u32 p, $1, {rem};\n\tselp.u32 w, {base + 1}, {base}, p;\n\t"
+         "cvt.u64.u32 w64, w;\n\tred.relaxed.gpu.global.add.u64 [$0], w64;\n\t}",
+         "l,r", [Int64(addr).ir_value(loc=loc, ip=ip), Int32(idx).ir_value(loc=loc, ip=ip)])
 
 
 @dsl_user_op
@@ -282,9 +264,8 @@ def st_global_words(addr: Int64, vals, *, loc=None, ip=None):
     addr aligned to their total size."""
     n = len(vals)
     body = {1: "st.global.b32 [$0], $1;", 4: "st.global.v4.b32 [$0], {$1, $2, $3, $4};"}[n]
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals],
-                    body, "l" + ",r" * n, has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm(body, "l" + ",r" * n,
+         [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals])
 
 
 @dsl_user_op
@@ -304,9 +285,7 @@ def smid(*, loc=None, ip=None):
 
 @dsl_user_op
 def st_u64(addr: Int64, val: Int64, *, loc=None, ip=None):
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Int64(val).ir_value(loc=loc, ip=ip)],
-                    "st.global.u64 [$0], $1;", "l,l", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    _asm("st.global.u64 [$0], $1;", "l,l", [Int64(addr).ir_value(loc=loc, ip=ip), Int64(val).ir_value(loc=loc, ip=ip)])
 
 
 def _stamp(base, bid, slot: int):
