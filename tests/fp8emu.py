@@ -77,6 +77,8 @@ class NumpyOps:
     def __init__(self, mem: Memory):
         self.mem = mem
         self.mma_calls = 0
+        self.prefetched = []  # (address, bytes) of every L2 prefetch, in issue order
+        self.waited = False  # past the PDL wait (setup_acts): prefetches belong before it
         self.new_block(0)
 
     # ---- shared memory, mbarriers and bulk copies (the bulk ring) ----------------------
@@ -88,6 +90,15 @@ class NumpyOps:
         self.bars = {}  # address -> dict(phase, armed, tx, copies)
         self.unfenced = False  # barriers initialised, init fence not yet passed
         self.owned = []  # (start, end) of each warp's ring and barriers
+
+    def prefetch_l2(self, addr, nbytes, idx, limit):
+        nb = self._one(nbytes, 0)
+        assert not self.waited, "L2 prefetch after the PDL wait"
+        assert nb % 16 == 0 and nb > 0, f"bulk prefetch of {nb} bytes"
+        for lane in self._lanes(idx, limit):
+            a = self._one(addr, lane)
+            self.mem.read(np.array([a]), nb, align=16)  # aligned, inside memory
+            self.prefetched.append((a, nb))
 
     @staticmethod
     def _lanes(idx, limit):
@@ -221,10 +232,12 @@ class NumpyOps:
 
 
 def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, sb: np.ndarray,
-            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None):
+            a: int, b: int, x_stride: int | None = None, sa_strides=None, sb_strides=None,
+            prefetched: list | None = None):
     """out[M, N] (fp32, before any bf16 rounding) as the kernel computes it. a, b: scale kinds
     (0 tensor, 1 row/col, 2 block); sa, sb: 2-D fp32 arrays stored with the given element
-    strides (default row-major); x stored with row stride x_stride (default K)."""
+    strides (default row-major); x stored with row stride x_stride (default K). `prefetched`
+    (a list) receives (block, weight row, K block) of every byte range the L2 prefetches cover."""
     m, k = x_u8.shape
     n = w_u8.shape[0]
     assert cfg.check(m, n, k) is None, cfg.check(m, n, k)
@@ -265,7 +278,16 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
                 ring0, bars0 = int(np.min(ln.ring)), int(np.min(ln.bars))
                 ops.claim(ring0, ring0 + cfg.bulk * cfg.bulk_stage_bytes())
                 ops.claim(bars0, bars0 + 8 * cfg.bulk)
+            ops.prefetched, ops.waited = [], False
             pre = ln.preload()
+            for addr, nb in ops.prefetched:
+                off = addr - w_base
+                assert 0 <= off and off + nb <= n * k, "L2 prefetch outside the weights"
+                assert off % k + nb <= k, "L2 prefetch past the end of a weight row"
+                assert off % 128 == 0 and nb % 128 == 0, "L2 prefetch of partial K blocks"
+                if prefetched is not None:
+                    prefetched += [(bid, off // k, off % k // 128 + j) for j in range(nb // 128)]
+            ops.waited = True
             ln.setup_acts(x_base, sx, m, G, T, sa_base, *sa_strides)
             acc = ln.run(pre)
             for r, e, mm, c8 in acc_entries(R, MT, G, T):

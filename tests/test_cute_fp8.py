@@ -237,6 +237,16 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=1, warps_k=2, unroll=1, hw=4, bulk=2, xahead=3), 6, 16, 768),
     (Fp8Config(m_tile=16, tiles=1, warps_k=1, unroll=4, hw=4, bulk=2), 7, 24, 1024),  # 512-byte copies
 ]
+# the L2 prefetch before the PDL wait (l2pre): registers and ring, K orders 0 / 1, two warps
+# along N, clamped last tiles, all iterations or some
+PRE_CASES = [  # (config, M, N, K)
+    (Fp8Config(m_tile=8, tiles=2, warps_k=2, hw=4, l2pre=3), 5, 200, 768),
+    (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, ki=0, depth=2, l2pre=4), 12, 24, 2048),
+    (Fp8Config(m_tile=16, tiles=4, warps_n=2, warps_k=1, hw=4, bulk=2, l2pre=4), 9, 100, 512),
+    (Fp8Config(m_tile=8, tiles=2, warps_k=2, ki=0, hw=2, bulk=3, xahead=2, l2pre=3), 3, 40, 768),
+    (Fp8Config(m_tile=8, tiles=1, warps_k=3, unroll=2, hw=4, depth=2, l2pre=3), 8, 16, 2304),
+]
+EMU_CASES += PRE_CASES
 
 
 @pytest.mark.parametrize("case", range(len(EMU_CASES)))
@@ -334,6 +344,107 @@ def test_emulator_catches_bulk_ring_mistakes(bug, monkeypatch):
            "no_arm": "armed False", "overlap": "overlaps another warp"}
     with pytest.raises(AssertionError, match=why[bug]):
         emulate(cfg, x, w, sa, sb, 0, 0)
+
+
+def _expected_prefetch(cfg, n, k):
+    """(block, weight row, K block) of iterations [loaded_first, l2pre) of every warp's rows."""
+    nit, first, r = cfg.iterations(k), cfg.loaded_first(k), cfg.tiles
+    want = []
+    for bid in range(cfg.grid(n)):
+        for warp in range(cfg.warps_n * cfg.warps_k):
+            wn, wk = warp % cfg.warps_n, warp // cfg.warps_n
+            n_tile0 = (bid * cfg.warps_n + wn) * 8 * r
+            want += [(bid, min(n_tile0 + lane, n - 1), k_block(it, u, wk, cfg.warps_k, cfg.unroll, nit, cfg.ki))
+                     for lane in range(8 * r) for it in range(first, cfg.l2pre) for u in range(cfg.unroll)]
+    return sorted(want)
+
+
+@pytest.mark.parametrize("case", range(len(PRE_CASES)))
+def test_l2_prefetch_covers_the_iterations_before_l2pre(case):
+    """Before the PDL wait each block prefetches exactly the weights of its iterations past
+    those it loads then, up to l2pre: every such (row, K block) once (clamped rows repeat)."""
+    cfg, m, n, k = PRE_CASES[case]
+    rng = np.random.default_rng(case)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    sa, sb = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)
+    got = []
+    emulate(cfg, x, w, sa, sb, 0, 0, prefetched=got)
+    assert sorted(got) == _expected_prefetch(cfg, n, k), cfg.key()
+    assert got  # something was prefetched
+
+
+@pytest.mark.parametrize("bug", ["order", "past_row", "after_wait"])
+def test_emulator_catches_l2_prefetch_mistakes(bug, monkeypatch):
+    """Negative controls: ki 1 prefetched with ki 0's ranges covers other K blocks; a range one
+    K block too long runs past the weight row; a prefetch after the PDL wait is refused."""
+    from executors.cute import fp8_lane
+
+    cfg, m, n, k = Fp8Config(m_tile=8, tiles=2, warps_k=2, hw=4, l2pre=3), 4, 16, 768
+    rng = np.random.default_rng(9)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    sa, sb = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)
+    lp = fp8_lane.LaneProgram
+    if bug == "order":
+        monkeypatch.setattr(lp, "l2_range", lambda self: ((self.wk * self.NIT + self.first) * self.U,
+                                                          (self.P - self.first) * self.U))
+    elif bug == "past_row":
+        orig = lp.l2_range
+        monkeypatch.setattr(lp, "l2_range", lambda self: (orig(self)[0] + 1, orig(self)[1] + 1))
+    else:
+        orig_acts = lp.setup_acts
+
+        def acts_then_prefetch(self, *a):
+            orig_acts(self, *a)
+            self.l2_prefetch()
+        monkeypatch.setattr(lp, "setup_acts", acts_then_prefetch)
+    got = []
+    if bug == "order":
+        emulate(cfg, x, w, sa, sb, 0, 0, prefetched=got)
+        assert sorted(got) != _expected_prefetch(cfg, n, k)
+    else:
+        with pytest.raises(AssertionError, match={"past_row": "past the end of a weight row",
+                                                  "after_wait": "after the PDL wait"}[bug]):
+            emulate(cfg, x, w, sa, sb, 0, 0)
+
+
+def test_pre_grid_prefetches_and_leaves_room():
+    """fp8_pre_grid: each base candidate as is and with l2pre (all iterations, half of the rest);
+    its launch bounds double the resident blocks per SM and keep >= 80 registers per thread."""
+    from executors.cute.fp8_config import blocks_per_sm
+
+    for m, (n, k) in ((8, SHAPES["qkv_a"]), (16, SHAPES["mlp_gate_up"]), (8, SHAPES["o_proj"])):
+        grid = fp8.fp8_pre_grid(m, n, k)
+        assert grid[0] == fp8.default_fp8_config(m, n, k)
+        pre = [c for c in grid if c.l2pre]
+        assert len(pre) >= 5 and all(c.check(m, n, k) is None for c in grid)
+        assert any(c.l2pre == c.iterations(k) for c in pre)
+        assert any(c.l2pre < c.iterations(k) for c in pre)
+        for c in pre:
+            if c.minb and dataclasses.replace(c, l2pre=0) not in grid:  # a bound of its own
+                assert 65536 // (c.minb * c.threads()) >= 80 and blocks_per_sm(c) >= c.minb, c.key()
+                assert c.minb == 2 * min(blocks_per_sm(c), -(-c.grid(n) // fp8.SMS)), c.key()
+    c = Fp8Config(m_tile=8, tiles=2, warps_k=2, depth=2)
+    assert "l2pre" in dataclasses.replace(c, l2pre=2).check(8, 256, 1024)  # not past depth
+    assert "l2pre" in dataclasses.replace(c, l2pre=5).check(8, 256, 1024)  # past the 4 iterations
+    assert dataclasses.replace(c, l2pre=4).check(8, 256, 1024) is None
+    assert dataclasses.replace(c, l2pre=4).key().endswith("_d2_p4_pdl1")
+
+
+def test_ptx_l2_prefetch_before_the_wait():
+    """One bulk L2 prefetch per warp, before griddepcontrol.wait; the rest of the kernel as
+    without it (the same loads and mma)."""
+    _need_cutlass()
+    n, k = SHAPES["qkv_a"]
+    for cfg in (Fp8Config(m_tile=8, tiles=2, warps_k=7, unroll=2, hw=4, l2pre=4),
+                Fp8Config(m_tile=16, tiles=2, warps_k=4, unroll=2, ki=0, hw=4, bulk=3, l2pre=7)):
+        ptx = fp8.compile_fp8_for_arch(cfg, n, k)
+        base = fp8.compile_fp8_for_arch(dataclasses.replace(cfg, l2pre=0), n, k)
+        wait = ptx.index("griddepcontrol.wait")
+        assert ptx.count("cp.async.bulk.prefetch.L2.global") == 1 == ptx.count("cp.async.bulk.prefetch.L2.global", 0, wait)
+        assert "cp.async.bulk.prefetch" not in base
+        for op in ("ld.global.nc.L1::no_allocate", "mma.sync", "cp.async.bulk.shared::cluster", "ld.shared.v4"):
+            assert ptx.count(op) == base.count(op), (cfg.key(), op)
+        assert ".local" not in ptx
 
 
 def test_acc_entries_match_the_bf16_kernels():
@@ -642,6 +753,23 @@ def test_gpu_bulk_ring_configs(m):
         x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=31)
         ref = fp8.dequant_reference(x, w, sa, sb)
         for cfg in fp8.fp8_bulk_grid(m, n, k)[1::7]:
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+            torch.cuda.synchronize()
+            _check_gpu(out, ref, cfg.key(), 6e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [5, 16])
+def test_gpu_l2_prefetch_configs(m):
+    """L2 prefetch before the PDL wait (a sample of fp8_pre_grid) against the fp32 reference,
+    poisoned outputs, at two shapes and two M."""
+    for name in ("qkv_a", "o_proj"):
+        n, k = SHAPES[name]
+        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=41)
+        ref = fp8.dequant_reference(x, w, sa, sb)
+        for cfg in [c for c in fp8.fp8_pre_grid(m, n, k) if c.l2pre][::4]:
             out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
             torch.cuda.synchronize()

@@ -52,6 +52,9 @@ class Fp8Config:
     # memory, filled by bulk copies (the TMA unit, one per weight row) completing on mbarriers;
     # 0: loaded straight into registers
     xahead: int = 1  # iterations ahead that x and the activation (ring: and weight) scales are loaded
+    l2pre: int = 0  # > 0: before the PDL wait the block also prefetches into L2 the weights of its
+    # iterations up to this one (past the depth / S - 1 it loads then), so a block that became
+    # resident beside the previous kernel's streams its weights during that kernel's tail
 
     def bulk_row_bytes(self) -> int:
         """Shared-memory bytes per weight row of a bulk stage (unroll K blocks and the pad)."""
@@ -74,6 +77,7 @@ class Fp8Config:
         d = f"_d{self.depth}" if self.depth != 1 else ""
         d += f"_b{self.bulk}" if self.bulk else ""
         d += f"_x{self.xahead}" if self.xahead != 1 else ""
+        d += f"_p{self.l2pre}" if self.l2pre else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
@@ -104,6 +108,10 @@ class Fp8Config:
         """Loop iterations per warp (K blocks / (warps_k * unroll))."""
         return k // BLOCK // (self.warps_k * self.unroll)
 
+    def loaded_first(self, k: int) -> int:
+        """Iterations of weights loaded before the PDL wait (registers: depth; ring: S - 1)."""
+        return min(self.bulk - 1 if self.bulk else self.depth, self.iterations(k))
+
     def check(self, m: int, n: int, k: int) -> str | None:
         """None if this config runs the shape, else the reason."""
         if self.m_tile not in (8, 16):
@@ -131,6 +139,9 @@ class Fp8Config:
             return "minb * threads must be <= 2048"
         if not 1 <= self.xahead <= 4:
             return "xahead (iterations of activations in flight) is 1..4"
+        if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
+            return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
+                    f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
         if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
             return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
         if self.smem_bytes() > SMEM_PER_BLOCK or (self.smem_bytes() + 1024) * max(self.minb, 1) > SMEM_PER_SM:
@@ -291,6 +302,35 @@ def fp8_ahead_grid(m: int, n: int, k: int, sms: int = SMS,
             cc = dataclasses.replace(c, xahead=a)
             if cc not in out and _fits(cc, m, n, k) and a <= max(1, cc.iterations(k)):
                 out.append(cc)
+    return out
+
+
+def fp8_pre_grid(m: int, n: int, k: int, sms: int = SMS,
+                 base: list[Fp8Config] | None = None) -> list[Fp8Config]:
+    """`base` (default: fp8_configs_for's candidates), each as it is and with the L2 prefetch
+    before the PDL wait of all its iterations and of half of those past the ones it loads then;
+    each prefetching one also with a launch bound of twice its resident blocks per SM where
+    threads and shared memory allow that, so the next kernel's blocks can be resident beside
+    this one's and stream their weights during its tail (`--sweep pre` of bench_fp8_gemm.py)."""
+    out: list[Fp8Config] = []
+    for c in fp8_configs_for(m, n, k, sms=sms) if base is None else base:
+        if _fits(c, m, n, k) and c not in out:
+            out.append(c)
+        nit, first = c.iterations(k), c.loaded_first(k)
+        if nit <= first:
+            continue
+        per = blocks_per_sm(c)
+        two = 2 * min(per, _cdiv(c.grid(n), sms))
+        minbs = [c.minb]
+        # room for a second kernel's blocks by registers too: ptxas caps them at the launch
+        # bound (kept at >= 80 per thread, below which it spilled)
+        if per >= two and 65536 // (two * c.threads()) >= 80 and two != c.minb:
+            minbs.append(two)
+        for p in sorted({nit, first + _cdiv(nit - first, 2)}):
+            for mb in minbs:
+                cc = dataclasses.replace(c, l2pre=p, minb=mb)
+                if cc not in out and _fits(cc, m, n, k):
+                    out.append(cc)
     return out
 
 

@@ -30,6 +30,7 @@ from .ptx import (
     mbar_init_fence,
     mbar_wait,
     pdl_wait,
+    prefetch_l2_bulk,
     sync_warp,
 )
 
@@ -115,6 +116,7 @@ class _Ops:
     bulk = staticmethod(bulk_g2s)
     mbar_wait = staticmethod(mbar_wait)
     sync_warp = staticmethod(sync_warp)
+    prefetch_l2 = staticmethod(prefetch_l2_bulk)
 
 
 # --------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ activation / weight scales), cvt_hw(word) / cvt_bits(word) (4 e4m3 -> 2 f16x2 wo
 fp8.word_byte_order) and mma(a[4], b[2], c[4]) (m16n8k16 f16, fp32 accumulate); for the bulk
 ring (bulk > 0) also mbar_init(bar, count, idx, limit), mbar_init_fence(), expect_tx(bar, nbytes,
 idx, limit), bulk(dst, src, nbytes, bar, idx, limit) (the predicated ones act where idx < limit),
-mbar_wait(bar, parity), ld_smem(addr) (16 bytes of shared memory as 4 words) and sync_warp().
+mbar_wait(bar, parity), ld_smem(addr) (16 bytes of shared memory as 4 words) and sync_warp();
+for ``l2pre`` prefetch_l2(addr, nbytes, idx, limit) (a bulk L2 prefetch where idx < limit).
 
 Lane layout (g = lane / 4, t = lane % 4): per n8 tile and 64-wide K step the lane loads 16 bytes
 of weight row g and of x rows g, g + 8, at K offset step * 64 + t * 16. Word j of each vector
@@ -27,6 +28,11 @@ barrier with the stage's byte count. Iteration it waits for its stage's phase, r
 16-byte vectors as the register path from shared memory, and the stage is refilled with
 iteration it + S at the start of iteration it + 1 (after the warp's mma of iteration it have
 consumed every lane's reads). S - 1 iterations are in flight while one is computed.
+
+With ``l2pre`` = P > 0, before the PDL wait each warp also prefetches into L2 (one bulk prefetch
+per weight row, lanes < 8R) the K blocks of the block's iterations [first, P), first being the
+iterations it loads then (depth, or S - 1 in the ring): ki 0, its own contiguous range; ki 1, the
+block's range [first, P) is contiguous and split into one chunk per warp.
 
 With ``xahead`` = A, the x vectors and activation scales of iteration it + A (in the ring also
 its weight scales) are loaded during iteration it; A = 1 is the program without the option.
@@ -76,7 +82,8 @@ class LaneProgram:
         self.o = ops
         self.MT, self.R, self.WN, self.WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
         self.U, self.KI, self.HW, self.D = cfg.unroll, cfg.ki, cfg.hw, cfg.depth
-        self.S, self.XA = cfg.bulk, cfg.xahead
+        self.S, self.XA, self.P = cfg.bulk, cfg.xahead, cfg.l2pre
+        self.first = cfg.loaded_first(k)
         self.row_bytes, self.stage_bytes = cfg.bulk_row_bytes(), cfg.bulk_stage_bytes()
         self.NIT = cfg.iterations(k)
         self.N, self.K, self.A, self.B = n, k, a, b
@@ -89,6 +96,7 @@ class LaneProgram:
         o = self.o
         self.wk = wk
         self.w_base, self.n_tile0 = w_base, n_tile0
+        self.lane_w = g * 4 + t
         self.w_rows = [w_base + o.Int64(o.imin(n_tile0 + 8 * r + g, self.N - 1)) * self.K
                        + o.Int64(t * 16) for r in range(self.R)]
         self.sb_base, self.sbs0, self.sbs1 = sb_base, o.Int64(sbs0), o.Int64(sbs1)
@@ -167,6 +175,21 @@ class LaneProgram:
             for r in range(self.R):
                 out[(u * 2 + h) * self.R + r] = o.ld_smem(self.read_at[r] + o.Int32(off + h * 64))
         return out
+
+    def l2_range(self):
+        """(first K block, K blocks) of this warp's L2 prefetch of every one of its rows."""
+        n_it = self.P - self.first
+        if self.KI:
+            return (self.first * self.WK + self.wk * n_it) * self.U, n_it * self.U
+        return (self.wk * self.NIT + self.first) * self.U, n_it * self.U
+
+    def l2_prefetch(self):
+        """Lane l < 8R prefetches weight row n_tile0 + l over l2_range() into L2."""
+        o = self.o
+        kb0, nkb = self.l2_range()
+        row = o.Int64(o.imin(self.n_tile0 + self.lane_w, self.N - 1))
+        o.prefetch_l2(self.w_base + row * self.K + o.Int64(kb0 * BLOCK), o.Int32(nkb * BLOCK),
+                      self.lane_w, 8 * self.R)
 
     def load_sb(self, it):
         """Weight block scale of each unroll step (block kind only)."""
@@ -250,14 +273,19 @@ class LaneProgram:
     def preload(self):
         """The weight vectors and scales of the first `depth` iterations (issued before the PDL
         wait: they do not depend on the previous kernel); with the bulk ring, the barriers'
-        set-up, the copies of the first S - 1 iterations and iteration 0's weight scales."""
+        set-up, the copies of the first S - 1 iterations and iteration 0's weight scales; then the
+        L2 prefetch of the iterations up to l2pre."""
         if self.S:
             self.bulk_init()
             for i in range(self.S - 1):
                 self.bulk_issue(i)
-            return None, [self.load_sb(i) for i in range(min(self.XA, self.NIT))]
-        d = min(self.D, self.NIT)
-        return [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
+            pre = None, [self.load_sb(i) for i in range(min(self.XA, self.NIT))]
+        else:
+            d = min(self.D, self.NIT)
+            pre = [self.load_w(i) for i in range(d)], [self.load_sb(i) for i in range(d)]
+        if self.P:
+            self.l2_prefetch()
+        return pre
 
     def run(self, pre):
         """The K loop over preload()'s first iterations: iteration it + depth's weights and
