@@ -8,13 +8,21 @@ cubin, residency from registers, threads and shared memory).
 Per (shape, M bucket): blocks, blocks one SM holds, waves, and the busiest SM's weight bytes over
 the mean (blocks dealt out round-robin, all of a wave at once), next to the record's median
 fp8_blk / floor over that bucket's M.
+
+    CUTE_DSL_ARCH=sm_90a python scripts/fp8_balance.py --sweep RECORD.json [--top 8]
+
+The same for a sweep record's candidates, fastest first per (shape, M bucket), with whether an SM
+still has room for the next kernel's blocks beside this grid's (what the L2 prefetch before the
+PDL wait, l2pre, needs to overlap the two).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from executors.cute import _lock, cubin_of, cubin_regcount, fp8, fp8_kernels
 from executors.cute.fp8_config import BLOCK, SMS, blocks_per_sm
@@ -34,11 +42,41 @@ def balance(cfg, n: int, k: int) -> dict:
             "busiest_over_mean": busiest / (blocks / SMS)}
 
 
+def room_for_next(cfg, n: int, b: dict) -> bool:
+    """An SM holds this grid's share of blocks and as many of the next kernel's besides."""
+    return b["per_sm"] >= 2 * min(b["per_sm"], -(-n // cfg.rows_per_block() // SMS))
+
+
+def sweep_report(rec: dict, top: int) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_fp8_gemm import SHAPES, candidates
+
+    mode, kinds = rec["args"]["sweep"], rec["args"].get("sweep_kinds", "block")
+    print(f"sweep {mode} on {rec['device']}, read bandwidth {rec['bandwidth_Bps'] / 1e12:.3f} TB/s")
+    print("| shape | M bucket | config | us | vs default | regs | blocks / SM | room for the next grid |")
+    print("|---|---:|---|---:|---:|---:|---:|---|")
+    for name, buckets in rec["sweep"].items():
+        n, k = SHAPES[name]
+        for bucket, res in buckets.items():
+            by_key = {c.key(): c for c in candidates(mode, int(bucket), n, k, kinds)}
+            times = sorted((t, key) for key, t in res.get("all_us", {}).items() if t)
+            for t, key in times[:top]:
+                cfg = by_key[key]
+                b = balance(cfg, n, k)
+                print(f"| {name} | {bucket} | {key} | {t:.2f} | {t / res['default_us']:.3f} | {b['regs']} "
+                      f"| {b['per_sm']} | {'yes' if room_for_next(cfg, n, b) else 'no'} |")
+
+
 def main() -> int:
-    if len(sys.argv) != 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    rec = json.loads(open(sys.argv[1]).read())
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("record")
+    ap.add_argument("--sweep", action="store_true", help="report the record's sweep candidates")
+    ap.add_argument("--top", type=int, default=8, help="candidates per (shape, M bucket) with --sweep")
+    args = ap.parse_args()
+    rec = json.loads(open(args.record).read())
+    if args.sweep:
+        sweep_report(rec, args.top)
+        return 0
     by = {}
     for r in rec["rows"]:
         if r.get("blk_over_floor") is None:

@@ -428,6 +428,11 @@ def test_pre_grid_prefetches_and_leaves_room():
     assert "l2pre" in dataclasses.replace(c, l2pre=5).check(8, 256, 1024)  # past the 4 iterations
     assert dataclasses.replace(c, l2pre=4).check(8, 256, 1024) is None
     assert dataclasses.replace(c, l2pre=4).key().endswith("_d2_p4_pdl1")
+    assert dataclasses.replace(c, l2pre=4, early=True).key().endswith("_d2_p4_e_pdl1")
+    assert "needs pdl" in dataclasses.replace(c, early=True, pdl=False).check(8, 256, 1024)
+    pre = fp8.fp8_pre_grid(8, *SHAPES["qkv_a"])
+    assert any(c.early and not c.l2pre for c in pre) and any(c.early and c.l2pre for c in pre)
+    assert any(not c.early and c.l2pre for c in pre)
 
 
 def test_ptx_l2_prefetch_before_the_wait():
@@ -615,6 +620,18 @@ def test_ptx_scale_kinds_and_out_dtypes(ka, kb_, out):
         assert stores32 == outs and stores16 == 0 and "cvt.rn.bf16.f32" not in ptx
     else:
         assert stores16 == outs and stores32 == 0 and ptx.count("cvt.rn.bf16.f32") == outs
+
+
+def test_ptx_early_launch_of_the_next_kernel():
+    """early: griddepcontrol.launch_dependents once, before the weight loads and the wait;
+    otherwise once, after the wait."""
+    _need_cutlass()
+    cfg = Fp8Config(m_tile=8, tiles=2, warps_k=2, depth=2)
+    for early in (False, True):
+        ptx = fp8.compile_fp8_for_arch(dataclasses.replace(cfg, early=early), 256, 1024)
+        wait, launch = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")
+        assert ptx.count("griddepcontrol.launch_dependents") == 1
+        assert (launch < ptx.index("ld.global.nc.L1::no_allocate")) == early and (launch < wait) == early
 
 
 def test_without_pdl_no_griddepcontrol():

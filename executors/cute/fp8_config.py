@@ -55,6 +55,9 @@ class Fp8Config:
     l2pre: int = 0  # > 0: before the PDL wait the block also prefetches into L2 the weights of its
     # iterations up to this one (past the depth / S - 1 it loads then), so a block that became
     # resident beside the previous kernel's streams its weights during that kernel's tail
+    early: bool = False  # PDL: let the next kernel launch at this one's start instead of after
+    # its wait (the next one's wait still waits for this grid to complete): its blocks are then
+    # resident, loading their weights, during all of this kernel
 
     def bulk_row_bytes(self) -> int:
         """Shared-memory bytes per weight row of a bulk stage (unroll K blocks and the pad)."""
@@ -78,6 +81,7 @@ class Fp8Config:
         d += f"_b{self.bulk}" if self.bulk else ""
         d += f"_x{self.xahead}" if self.xahead != 1 else ""
         d += f"_p{self.l2pre}" if self.l2pre else ""
+        d += "_e" if self.early else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 
@@ -142,6 +146,8 @@ class Fp8Config:
         if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
             return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
                     f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
+        if self.early and not self.pdl:
+            return "early (the next kernel's launch at this one's start) needs pdl"
         if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
             return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
         if self.smem_bytes() > SMEM_PER_BLOCK or (self.smem_bytes() + 1024) * max(self.minb, 1) > SMEM_PER_SM:
@@ -307,15 +313,21 @@ def fp8_ahead_grid(m: int, n: int, k: int, sms: int = SMS,
 
 def fp8_pre_grid(m: int, n: int, k: int, sms: int = SMS,
                  base: list[Fp8Config] | None = None) -> list[Fp8Config]:
-    """`base` (default: fp8_configs_for's candidates), each as it is and with the L2 prefetch
-    before the PDL wait of all its iterations and of half of those past the ones it loads then;
-    each prefetching one also with a launch bound of twice its resident blocks per SM where
-    threads and shared memory allow that, so the next kernel's blocks can be resident beside
-    this one's and stream their weights during its tail (`--sweep pre` of bench_fp8_gemm.py)."""
+    """`base` (default: fp8_configs_for's candidates), each as it is, with the next kernel
+    launched at its start (`early`), and with the L2 prefetch before the PDL wait of all its
+    iterations (with and without `early`) and of half of those past the ones it loads then (with
+    `early`); each prefetching one also with a launch bound of twice its resident blocks per SM
+    where threads and shared memory allow that, so the next kernel's blocks can be resident
+    beside this one's and stream their weights during it (`--sweep pre` of bench_fp8_gemm.py)."""
     out: list[Fp8Config] = []
-    for c in fp8_configs_for(m, n, k, sms=sms) if base is None else base:
-        if _fits(c, m, n, k) and c not in out:
+
+    def add(c: Fp8Config) -> None:
+        if c not in out and _fits(c, m, n, k):
             out.append(c)
+
+    for c in fp8_configs_for(m, n, k, sms=sms) if base is None else base:
+        add(c)
+        add(dataclasses.replace(c, early=True))
         nit, first = c.iterations(k), c.loaded_first(k)
         if nit <= first:
             continue
@@ -328,9 +340,8 @@ def fp8_pre_grid(m: int, n: int, k: int, sms: int = SMS,
             minbs.append(two)
         for p in sorted({nit, first + _cdiv(nit - first, 2)}):
             for mb in minbs:
-                cc = dataclasses.replace(c, l2pre=p, minb=mb)
-                if cc not in out and _fits(cc, m, n, k):
-                    out.append(cc)
+                for early in (True, False) if p == nit else (True,):
+                    add(dataclasses.replace(c, l2pre=p, minb=mb, early=early))
     return out
 
 

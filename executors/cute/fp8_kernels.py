@@ -150,6 +150,10 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         wk = warp // WN
         n_tile0 = (bid * WN + wn) * (8 * R)
 
+        if cutlass.const_expr(PDL and cfg.early):
+            # the next kernel may launch at once: its blocks become resident beside this grid's
+            # where an SM has room and load their weights while this one runs
+            cute.arch.griddepcontrol_launch_dependents()
         ln = LaneProgram(_Ops, cfg, N, K, a, b)
         ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
                          mSB.stride[0], mSB.stride[1])
@@ -163,8 +167,9 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         pre = ln.preload()
         if cutlass.const_expr(PDL):
             pdl_wait(tid)
-            # let the next kernel launch now: it loads its own weights, then waits for this grid
-            cute.arch.griddepcontrol_launch_dependents()
+            if cutlass.const_expr(not cfg.early):
+                # let the next kernel launch now: it loads its own weights, then waits for this grid
+                cute.arch.griddepcontrol_launch_dependents()
         m_rows = mX.shape[0]
         ln.setup_acts(mX.iterator.toint(), mX.stride[0], m_rows, g, t, mSA.iterator.toint(),
                       mSA.stride[0], mSA.stride[1])
