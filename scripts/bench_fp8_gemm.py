@@ -474,6 +474,8 @@ def gpu_test_kernels() -> set:
         for n, k in ((2112, 7168), (4608, 7168)):
             for c in fp8.fp8_bulk_grid(m, n, k)[1::7]:
                 out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
+    c = dataclasses.replace(fp8.default_fp8_config(5, 512, 1024), timeline=True)  # test_gpu_timeline_...
+    out.add(("fp8", c.to_json(), 512, 1024, "block", "block", "bfloat16"))
     for m in (5, 16):  # test_gpu_l2_prefetch_configs
         for n, k in ((2112, 7168), (7168, 2048)):
             for c in [c for c in fp8.fp8_pre_grid(m, n, k) if c.l2pre][::4]:

@@ -419,8 +419,10 @@ def test_pre_grid_prefetches_and_leaves_room():
         assert len(pre) >= 5 and all(c.check(m, n, k) is None for c in grid)
         assert any(c.l2pre == c.iterations(k) for c in pre)
         assert any(c.l2pre < c.iterations(k) for c in pre)
+        bases = fp8.fp8_configs_for(m, n, k)
         for c in pre:
-            if c.minb and dataclasses.replace(c, l2pre=0) not in grid:  # a bound of its own
+            if not any(dataclasses.replace(b, l2pre=c.l2pre, early=c.early) == c for b in bases):
+                # a launch bound of its own
                 assert 65536 // (c.minb * c.threads()) >= 80 and blocks_per_sm(c) >= c.minb, c.key()
                 assert c.minb == 2 * min(blocks_per_sm(c), -(-c.grid(n) // fp8.SMS)), c.key()
     c = Fp8Config(m_tile=8, tiles=2, warps_k=2, depth=2)
@@ -634,6 +636,20 @@ def test_ptx_early_launch_of_the_next_kernel():
         assert (launch < ptx.index("ld.global.nc.L1::no_allocate")) == early and (launch < wait) == early
 
 
+def test_ptx_timeline_stamps_and_same_kernel_otherwise():
+    """timeline: four %globaltimer stamps and the SM id from thread 0, one more kernel
+    parameter (the buffer); the loads and mma as without it."""
+    _need_cutlass()
+    cfg = Fp8Config(m_tile=8, tiles=2, warps_k=2, depth=2)
+    ptx = fp8.compile_fp8_for_arch(dataclasses.replace(cfg, timeline=True), 256, 1024)
+    base = fp8.compile_fp8_for_arch(cfg, 256, 1024)
+    assert ptx.count("%globaltimer") == 4 and ptx.count("%smid") == 1 and "%globaltimer" not in base
+    assert ptx.count(".param") > base.count(".param")  # the timeline tensor
+    for op in ("ld.global.nc.L1::no_allocate", "mma.sync", "griddepcontrol.wait", "ld.global.v4"):
+        assert ptx.count(op) == base.count(op), op
+    assert dataclasses.replace(cfg, timeline=True).key().endswith("_tl_pdl1")
+
+
 def test_without_pdl_no_griddepcontrol():
     _need_cutlass()
     ptx = fp8.compile_fp8_for_arch(Fp8Config(m_tile=8, tiles=2, warps_k=2, pdl=False), 256, 512)
@@ -791,6 +807,28 @@ def test_gpu_l2_prefetch_configs(m):
             fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
             torch.cuda.synchronize()
             _check_gpu(out, ref, cfg.key(), 6e-3)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_timeline_stamps_in_order():
+    """A timeline config computes the same output and stamps every block in order (start <=
+    weights issued <= past the wait <= end) with its SM id; a timeline buffer is required."""
+    n, k, m = 512, 1024, 5
+    x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=3)
+    cfg = dataclasses.replace(fp8.default_fp8_config(m, n, k), timeline=True)
+    tl = torch.zeros(cfg.grid(n), 8, dtype=torch.int64, device="cuda")
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8.gemm_fp8(x, w, sa, sb, out, config=cfg, timeline=tl)
+    torch.cuda.synchronize()
+    _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), cfg.key(), 6e-3)
+    t = tl.cpu()
+    assert (t[:, 0] > 0).all() and (t[:, 0] <= t[:, 1]).all() and (t[:, 1] <= t[:, 2]).all()
+    assert (t[:, 2] <= t[:, 3]).all() and (t[:, 7] >= 0).all() and (t[:, 7] < 1024).all()
+    with pytest.raises(ValueError, match="timeline"):
+        fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+    with pytest.raises(ValueError, match="timeline"):
+        fp8.gemm_fp8(x, w, sa, sb, out, timeline=tl)
 
 
 @pytest.mark.gpu

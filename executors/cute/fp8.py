@@ -281,14 +281,17 @@ def _scale_2d(scale, kind: str, rows: int, name: str):
     return scale
 
 
-def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config | None = None):
+def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config | None = None,
+             timeline=None):
     """out[M, N] = (x * scale_a) @ (w * scale_b)^T on torch's current stream; returns out.
 
     x: float8_e4m3fn [M, K], 1 <= M <= 16, unit column stride, row stride % 16 == 0, 16-byte
     aligned. w: float8_e4m3fn [N, K] contiguous, 16-byte aligned. scale_a / scale_b: fp32, kinds
     inferred from their shapes (see the module docstring). out: [M, N] bf16 or fp32 with unit
     column stride (may be a column slice of a wider buffer); allocated when None, with out_dtype
-    (default bf16). Raises ValueError for anything it cannot run."""
+    (default bf16). timeline: with a ``config.timeline`` config (diagnostics), a contiguous int64
+    CUDA tensor of >= 8 words per block that receives the blocks' stamps (Fp8Config.timeline).
+    Raises ValueError for anything it cannot run."""
     import torch
 
     if out_dtype is None:
@@ -336,8 +339,18 @@ def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config
     why = cfg.check(m, n, k)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run M={m} N={n} K={k}: {why}")
+    extra = ()
+    if cfg.timeline:
+        words = 8 * cfg.grid(n)
+        if (timeline is None or timeline.dtype != torch.int64 or timeline.device != x.device
+                or not timeline.is_contiguous() or timeline.numel() < words):
+            raise ValueError(f"config {cfg.key()} stamps a timeline: pass timeline=, a contiguous int64 "
+                             f"tensor of >= {words} words on {x.device}")
+        extra = (timeline,)
+    elif timeline is not None:
+        raise ValueError("timeline= needs a config with timeline=True")
     sa2 = _scale_2d(scale_a, ka, m, "scale_a")
     sb2 = _scale_2d(scale_b, kbk, n, "scale_b")
     fn = get_fp8_kernel(cfg, n, k, ka, kbk, "float32" if out_dtype == torch.float32 else "bfloat16")
-    fn(x.view(torch.uint8), w.view(torch.uint8), sa2, sb2, out)
+    fn(x.view(torch.uint8), w.view(torch.uint8), sa2, sb2, out, *extra)
     return out

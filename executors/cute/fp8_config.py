@@ -58,6 +58,8 @@ class Fp8Config:
     early: bool = False  # PDL: let the next kernel launch at this one's start instead of after
     # its wait (the next one's wait still waits for this grid to complete): its blocks are then
     # resident, loading their weights, during all of this kernel
+    timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
+    # weights are issued, past the PDL wait and at its end (gemm_fp8's `timeline` buffer)
 
     def bulk_row_bytes(self) -> int:
         """Shared-memory bytes per weight row of a bulk stage (unroll K blocks and the pad)."""
@@ -82,6 +84,7 @@ class Fp8Config:
         d += f"_x{self.xahead}" if self.xahead != 1 else ""
         d += f"_p{self.l2pre}" if self.l2pre else ""
         d += "_e" if self.early else ""
+        d += "_tl" if self.timeline else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
 

@@ -22,6 +22,7 @@ from .fp8_lane import LaneProgram, acc_entries
 from .kernels import _imin, _SmemAllocator
 from .ptx import (
     bulk_g2s,
+    globaltimer,
     ld_act_v4,
     ld_shared_v4,
     ld_weights_v4,
@@ -31,6 +32,8 @@ from .ptx import (
     mbar_wait,
     pdl_wait,
     prefetch_l2_bulk,
+    smid,
+    st_u64,
     sync_warp,
 )
 
@@ -119,6 +122,17 @@ class _Ops:
     prefetch_l2 = staticmethod(prefetch_l2_bulk)
 
 
+@cute.jit
+def _tl_stamp(mT: cute.Tensor, tid, bid, slot: cutlass.Constexpr):
+    """Fp8Config.timeline: thread 0 stores %globaltimer into slot `slot` of block bid's 64-byte
+    record (0 start, 1 weights issued, 2 past the PDL wait, 3 end; slot 7 its SM id)."""
+    if tid == 0:
+        rec = Int64(mT.iterator.toint()) + Int64(bid) * 64
+        st_u64(rec + Int64(slot * 8), globaltimer())
+        if cutlass.const_expr(slot == 0):
+            st_u64(rec + Int64(56), Int64(smid()))
+
+
 # --------------------------------------------------------------------------------------
 # kernel
 # --------------------------------------------------------------------------------------
@@ -137,11 +151,14 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         # an explicit carveout keeps the DSL from asking a device for its smem size (CPU compile)
         attrs = {"min_blocks_per_mp": cfg.minb, "preferred_smem_carveout": -1}
 
-    @cute.kernel
-    def kernel(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
-               mO: cute.Tensor):
+    @cute.jit
+    def body(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor, mO: cute.Tensor,
+             tl: cutlass.Constexpr):
+        """The kernel (traced into either entry below); tl: the timeline tensor or None."""
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(tl is not None):
+            _tl_stamp(tl, tid, bid, 0)
         lane = tid % 32
         warp = tid // 32
         g = lane // 4
@@ -165,11 +182,15 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
             bars = smem.allocate_tensor(Int64, cute.make_layout(nw * cfg.bulk), byte_alignment=8)
             ln.setup_bulk(Int32(ring.iterator.toint()), Int32(bars.iterator.toint()), warp, lane, g, t)
         pre = ln.preload()
+        if cutlass.const_expr(tl is not None):
+            _tl_stamp(tl, tid, bid, 1)
         if cutlass.const_expr(PDL):
             pdl_wait(tid)
             if cutlass.const_expr(not cfg.early):
                 # let the next kernel launch now: it loads its own weights, then waits for this grid
                 cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(tl is not None):
+            _tl_stamp(tl, tid, bid, 2)
         m_rows = mX.shape[0]
         ln.setup_acts(mX.iterator.toint(), mX.stride[0], m_rows, g, t, mSA.iterator.toint(),
                       mSA.stride[0], mSA.stride[1])
@@ -204,17 +225,37 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                     if m < m_rows:
                         if col < N:
                             mO[m, col] = v
+        if cutlass.const_expr(tl is not None):
+            _tl_stamp(tl, tid, bid, 3)
+
+    @cute.kernel
+    def kernel(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
+               mO: cute.Tensor):
+        body(mX, mW, mSA, mSB, mO, None)
+
+    @cute.kernel
+    def kernel_tl(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
+                  mO: cute.Tensor, mT: cute.Tensor):
+        body(mX, mW, mSA, mSB, mO, mT)
+
+    launch = dict(grid=(GRID, 1, 1), block=(NTHR, 1, 1), use_pdl=PDL, **attrs)
+    if cfg.timeline:
+        @cute.jit
+        def host_tl(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
+                    mO: cute.Tensor, mT: cute.Tensor, stream):
+            kernel_tl(mX, mW, mSA, mSB, mO, mT).launch(stream=stream, **launch)
+
+        return host_tl
 
     @cute.jit
     def host(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,
              mO: cute.Tensor, stream):
-        kernel(mX, mW, mSA, mSB, mO).launch(grid=(GRID, 1, 1), block=(NTHR, 1, 1), stream=stream,
-                                            use_pdl=PDL, **attrs)
+        kernel(mX, mW, mSA, mSB, mO).launch(stream=stream, **launch)
 
     return host
 
 
-def fake_args(n: int, k: int, o: int):
+def fake_args(n: int, k: int, o: int, timeline: bool = False):
     """Fake tensors / stream for TVM-FFI compilation: M, the row strides of x and out, the
     scales' shapes and strides are runtime values. x and w are passed as uint8 views."""
     m = cute.sym_int()
@@ -228,6 +269,9 @@ def fake_args(n: int, k: int, o: int):
     out = cute.runtime.make_fake_tensor(out_t, (m, n), stride=(cute.sym_int64(), 1),
                                         assumed_align=4 if o == 1 else 2)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if timeline:  # 8 int64 words per block
+        tl = cute.runtime.make_fake_tensor(Int64, (cute.sym_int(),), stride=(1,), assumed_align=8)
+        return x, w, scales[0], scales[1], out, tl, stream
     return x, w, scales[0], scales[1], out, stream
 
 
@@ -238,4 +282,4 @@ def compile_tvm_ffi(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int,
         raise ValueError(f"config {cfg.key()} cannot compile N={n} K={k}: {why}")
     host = build(cfg, n, k, a, b, o)
     opts = "--enable-tvm-ffi" + (" " + extra_options if extra_options else "")
-    return cute.compile(host, *fake_args(n, k, o), options=opts)
+    return cute.compile(host, *fake_args(n, k, o, cfg.timeline), options=opts)
