@@ -431,7 +431,7 @@ def test_pre_grid_prefetches_and_leaves_room():
     assert dataclasses.replace(c, l2pre=4).check(8, 256, 1024) is None
     assert dataclasses.replace(c, l2pre=4).key().endswith("_d2_p4_pdl1")
     assert dataclasses.replace(c, l2pre=4, early=True).key().endswith("_d2_p4_e_pdl1")
-    assert "needs pdl" in dataclasses.replace(c, early=True, pdl=False).check(8, 256, 1024)
+    assert dataclasses.replace(c, early=True, pdl=False).check(8, 256, 1024) is None  # no effect then
     pre = fp8.fp8_pre_grid(8, *SHAPES["qkv_a"])
     assert any(c.early and not c.l2pre for c in pre) and any(c.early and c.l2pre for c in pre)
     assert any(not c.early and c.l2pre for c in pre)

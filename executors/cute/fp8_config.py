@@ -57,7 +57,7 @@ class Fp8Config:
     # resident beside the previous kernel's streams its weights during that kernel's tail
     early: bool = False  # PDL: let the next kernel launch at this one's start instead of after
     # its wait (the next one's wait still waits for this grid to complete): its blocks are then
-    # resident, loading their weights, during all of this kernel
+    # resident, loading their weights, during all of this kernel (no effect without pdl)
     timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
     # weights are issued, past the PDL wait and at its end (gemm_fp8's `timeline` buffer)
 
@@ -149,8 +149,6 @@ class Fp8Config:
         if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
             return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
                     f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
-        if self.early and not self.pdl:
-            return "early (the next kernel's launch at this one's start) needs pdl"
         if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
             return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
         if self.smem_bytes() > SMEM_PER_BLOCK or (self.smem_bytes() + 1024) * max(self.minb, 1) > SMEM_PER_SM:
