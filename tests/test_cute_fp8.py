@@ -765,14 +765,21 @@ def test_gpu_strided_views(m):
 @gpu
 @pytest.mark.parametrize("m", [4, 12])
 def test_gpu_every_sweep_config(m):
-    n, k = SHAPES["qkv_a"]
-    x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=77)
-    ref = fp8.dequant_reference(x, w, sa, sb)
-    for cfg in fp8.fp8_configs_for(m, n, k):
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
-        torch.cuda.synchronize()
-        _check_gpu(out, ref, cfg.key(), 6e-3)
+    _check_gpu_configs(m, ("qkv_a",), fp8.fp8_configs_for, seed=77)
+
+
+def _check_gpu_configs(m, names, configs_of, seed):
+    """Every config configs_of(m, n, k) gives at each named shape against the fp32 reference,
+    on poisoned outputs."""
+    for name in names:
+        n, k = SHAPES[name]
+        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=seed)
+        ref = fp8.dequant_reference(x, w, sa, sb)
+        for cfg in configs_of(m, n, k):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+            torch.cuda.synchronize()
+            _check_gpu(out, ref, cfg.key(), 6e-3)
 
 
 @pytest.mark.gpu
@@ -781,15 +788,7 @@ def test_gpu_every_sweep_config(m):
 def test_gpu_bulk_ring_configs(m):
     """Bulk-copy rings (a sample of fp8_bulk_grid) against the fp32 reference, poisoned outputs,
     at two shapes and two M."""
-    for name in ("qkv_a", "mlp_gate_up"):
-        n, k = SHAPES[name]
-        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=31)
-        ref = fp8.dequant_reference(x, w, sa, sb)
-        for cfg in fp8.fp8_bulk_grid(m, n, k)[1::7]:
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
-            torch.cuda.synchronize()
-            _check_gpu(out, ref, cfg.key(), 6e-3)
+    _check_gpu_configs(m, ("qkv_a", "mlp_gate_up"), lambda m, n, k: fp8.fp8_bulk_grid(m, n, k)[1::7], seed=31)
 
 
 @pytest.mark.gpu
@@ -798,15 +797,8 @@ def test_gpu_bulk_ring_configs(m):
 def test_gpu_l2_prefetch_configs(m):
     """L2 prefetch before the PDL wait (a sample of fp8_pre_grid) against the fp32 reference,
     poisoned outputs, at two shapes and two M."""
-    for name in ("qkv_a", "o_proj"):
-        n, k = SHAPES[name]
-        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=41)
-        ref = fp8.dequant_reference(x, w, sa, sb)
-        for cfg in [c for c in fp8.fp8_pre_grid(m, n, k) if c.l2pre][::4]:
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
-            torch.cuda.synchronize()
-            _check_gpu(out, ref, cfg.key(), 6e-3)
+    _check_gpu_configs(m, ("qkv_a", "o_proj"),
+                       lambda m, n, k: [c for c in fp8.fp8_pre_grid(m, n, k) if c.l2pre][::4], seed=41)
 
 
 @pytest.mark.gpu
