@@ -19,7 +19,10 @@ reference first. Over the steady calls 6..15 (medians), relative to call i:
   wait      last PDL-wait return - first block start (first blocks: from resident to released)
 
 Usage: python scripts/fp8_timeline.py [--shapes dsv3_qkv_a,dsv3_o_proj] [--ms 8] [--out FILE.json]
-       python scripts/fp8_timeline.py --precompile [--shapes ...] [--ms ...]   (CPU, no GPU)
+           [--config '{"shape": "dsv3_qkv_a", "M": 8, "warps_k": 7, "unroll": 2, ...}' ...]
+       python scripts/fp8_timeline.py --precompile [--shapes ...] [--ms ...] [--config ...]   (CPU)
+--config adds a case (Fp8Config fields besides shape and M; repeatable); with --config and no
+--shapes only those cases run.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def run_case(name: str, n: int, k: int, m: int, cfg, log) -> dict:
     tl = torch.zeros(CALLS, cfg.grid(n), 8, dtype=torch.int64, device=dev)
 
     def call(i):
-        fp8.gemm_fp8(x, ws[i % NSETS], sa, sbs[i % NSETS], outs[i % NSETS], config=cfg, timeline=tl[i])
+        fp8.gemm_fp8(x, ws[i % NSETS], sa, sbs[i % NSETS], outs[i % NSETS], config=cfg, timeline=tl[i].view(-1))
 
     for i in range(NSETS):
         call(i)
@@ -114,13 +117,29 @@ def run_case(name: str, n: int, k: int, m: int, cfg, log) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--shapes", default=None, help=f"default {DEFAULT_SHAPES} (none with --config)")
+    ap.add_argument("--config", action="append", default=[], help="an extra case as JSON (see above)")
     ap.add_argument("--ms", default="8")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--precompile", action="store_true", help="compile the kernels (no GPU) and stop")
     args = ap.parse_args()
     cases = []
-    for name in args.shapes.split(","):
+    for text in args.config:
+        try:
+            d = json.loads(text)
+            name, m = d.pop("shape"), int(d.pop("M"))
+            n, k = SHAPES[name]
+            cfg = dataclasses.replace(fp8.Fp8Config.from_dict(d), timeline=True)
+        except (ValueError, KeyError, TypeError) as e:
+            print(f"--config {text!r}: {e}", file=sys.stderr)
+            return 2
+        why = cfg.check(m, n, k)
+        if why is not None:
+            print(f"--config {text!r}: {why}", file=sys.stderr)
+            return 2
+        cases.append((name, n, k, m, "config", cfg))
+    shapes = args.shapes or ("" if args.config else DEFAULT_SHAPES)
+    for name in filter(None, shapes.split(",")):
         if name not in SHAPES:
             print(f"unknown shape {name!r}; known: {', '.join(SHAPES)}", file=sys.stderr)
             return 2

@@ -346,7 +346,7 @@ def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config
                 or not timeline.is_contiguous() or timeline.numel() < words):
             raise ValueError(f"config {cfg.key()} stamps a timeline: pass timeline=, a contiguous int64 "
                              f"tensor of >= {words} words on {x.device}")
-        extra = (timeline,)
+        extra = (timeline.view(-1),)
     elif timeline is not None:
         raise ValueError("timeline= needs a config with timeline=True")
     sa2 = _scale_2d(scale_a, ka, m, "scale_a")
