@@ -436,7 +436,7 @@ def sweep_shape(name, n, k, args, log, best):
                 + ", ".join(f"{k_} {t[k_]:.2f}" for k_ in order[:4]))
             best.setdefault(name, {})[m] = {"best": fns[order[0]][1], "best_us": t[order[0]],
                                             "default": default, "default_us": t.get(default),
-                                            "all_us": t}
+                                            "all_us": t, "configs": {k_: fns[k_][1].to_dict() for k_ in t}}
         except Exception as e:
             log(f"  sweep {name} M={m}: FAILED {type(e).__name__}: {str(e)[:300]}")
 

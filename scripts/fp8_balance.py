@@ -58,12 +58,20 @@ def sweep_report(rec: dict, top: int) -> None:
     for name, buckets in rec["sweep"].items():
         n, k = SHAPES[name]
         for bucket, res in buckets.items():
-            by_key = {c.key(): c for c in candidates(mode, int(bucket), n, k, kinds)}
+            # records since the L2-prefetch sweep list their configs; older ones are rebuilt from
+            # today's candidate lists, which may no longer hold every key they timed
+            by_key = ({key: fp8.Fp8Config.from_dict(d) for key, d in res["configs"].items()} if "configs" in res
+                      else {c.key(): c for c in candidates(mode, int(bucket), n, k, kinds)})
             times = sorted((t, key) for key, t in res.get("all_us", {}).items() if t)
-            for t, key in times[:top]:
+            missing = [key for _, key in times[:top] if key not in by_key]
+            if missing:
+                print(f"{name} M<={bucket}: {len(missing)} timed configs not in today's candidates, left out")
+            base = res.get("default_us")
+            for t, key in [(t, key) for t, key in times[:top] if key in by_key]:
                 cfg = by_key[key]
                 b = balance(cfg, n, k)
-                print(f"| {name} | {bucket} | {key} | {t:.2f} | {t / res['default_us']:.3f} | {b['regs']} "
+                vs = f"{t / base:.3f}" if base else "-"
+                print(f"| {name} | {bucket} | {key} | {t:.2f} | {vs} | {b['regs']} "
                       f"| {b['per_sm']} | {'yes' if room_for_next(cfg, n, b) else 'no'} |")
 
 

@@ -51,7 +51,12 @@ def variants(m: int, n: int, k: int) -> dict:
     nit = base.iterations(k)
     if nit > base.loaded_first(k):
         out["l2pre_all_early"] = dataclasses.replace(base, l2pre=nit, early=True)
-    return {name: dataclasses.replace(c, timeline=True) for name, c in out.items() if c.check(m, n, k) is None}
+    seen, kept = set(), {}
+    for name, c in out.items():  # a variant equal to an earlier one is timed once
+        if c.check(m, n, k) is None and c not in seen:
+            seen.add(c)
+            kept[name] = dataclasses.replace(c, timeline=True)
+    return kept
 
 
 def summarize(stamps) -> dict:
@@ -127,6 +132,8 @@ def main() -> int:
     for text in args.config:
         try:
             d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
             name, m = d.pop("shape"), int(d.pop("M"))
             n, k = SHAPES[name]
             cfg = dataclasses.replace(fp8.Fp8Config.from_dict(d), timeline=True)

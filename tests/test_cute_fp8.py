@@ -209,6 +209,15 @@ def test_gemm_fp8_rejects_bad_input_with_reasons():
         fp8.gemm_fp8(torch.zeros(17, 256, dtype=torch.float8_e4m3fn), w, s1, s1)
     with pytest.raises(ValueError, match="CUDA tensors"):
         fp8.gemm_fp8(x, w, s1, s1)
+    tl_cfg = dataclasses.replace(fp8.default_fp8_config(4, 64, 256), timeline=True)
+    with pytest.raises(ValueError, match="must be a torch.Tensor"):
+        fp8.gemm_fp8(x, w, s1, s1, timeline=[0] * 64)
+    with pytest.raises(ValueError, match="needs a config with timeline=True"):
+        fp8.gemm_fp8(x, w, s1, s1, timeline=torch.zeros(64, dtype=torch.int64))
+    with pytest.raises(ValueError, match="stamps a timeline"):
+        fp8.gemm_fp8(x, w, s1, s1, config=tl_cfg)
+    with pytest.raises(ValueError, match="stamps a timeline"):  # too few words
+        fp8.gemm_fp8(x, w, s1, s1, config=tl_cfg, timeline=torch.zeros(7, dtype=torch.int64))
 
 
 # --------------------------------------------------------------------------------------
@@ -435,6 +444,24 @@ def test_pre_grid_prefetches_and_leaves_room():
     pre = fp8.fp8_pre_grid(8, *SHAPES["qkv_a"])
     assert any(c.early and not c.l2pre for c in pre) and any(c.early and c.l2pre for c in pre)
     assert any(not c.early and c.l2pre for c in pre)
+
+
+def test_sweep_neighbours_keep_a_fitted_prefetch():
+    """A table row with an L2 prefetch (o_proj, q_b, down at M <= 8) does not empty the sweeps
+    around it: neighbours with other iteration counts prefetch all of theirs (the row prefetched
+    all) or none, and the rings and grids keep their size."""
+    for name in ("o_proj", "q_b", "mlp_down"):
+        n, k = SHAPES[name]
+        base = fp8.default_fp8_config(8, n, k)
+        assert base.l2pre, name  # the premise: the shipped row prefetches
+        for grid in (fp8.fp8_bulk_grid, fp8.fp8_config_grid, fp8.fp8_configs_for):
+            got = grid(8, n, k)
+            assert grid is fp8.fp8_configs_for or len(got) >= 5, (name, grid.__name__, len(got))
+            for c in got[1:]:
+                assert c.check(8, n, k) is None
+                if base.l2pre == base.iterations(k) and c.iterations(k) > c.loaded_first(k):
+                    assert c.l2pre == c.iterations(k), (name, c.key())
+        assert len(fp8.fp8_configs_for(8, n, k)) >= 6, name
 
 
 def test_ptx_l2_prefetch_before_the_wait():

@@ -318,6 +318,16 @@ def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     elif tuple(out.shape) != (m, n) or out.dtype != out_dtype:
         raise ValueError(f"out must be {out_dtype} {(m, n)}, got {out.dtype} {tuple(out.shape)}")
+    if timeline is not None and not isinstance(timeline, torch.Tensor):
+        raise ValueError(f"timeline must be a torch.Tensor, got {type(timeline).__name__}")
+    if config is not None and config.timeline:
+        words = 8 * config.grid(n)
+        if (timeline is None or timeline.dtype != torch.int64 or timeline.device != x.device
+                or not timeline.is_contiguous() or timeline.numel() < words):
+            raise ValueError(f"config {config.key()} stamps a timeline: pass timeline=, a contiguous "
+                             f"int64 tensor of >= {words} words on {x.device}")
+    elif timeline is not None:
+        raise ValueError("timeline= needs a config with timeline=True")
     if m == 0:
         return out
     why = supports_fp8(m, n, k, ka, kbk)
@@ -339,16 +349,7 @@ def gemm_fp8(x, w, scale_a, scale_b, out=None, out_dtype=None, config: Fp8Config
     why = cfg.check(m, n, k)
     if why is not None:
         raise ValueError(f"config {cfg.key()} cannot run M={m} N={n} K={k}: {why}")
-    extra = ()
-    if cfg.timeline:
-        words = 8 * cfg.grid(n)
-        if (timeline is None or timeline.dtype != torch.int64 or timeline.device != x.device
-                or not timeline.is_contiguous() or timeline.numel() < words):
-            raise ValueError(f"config {cfg.key()} stamps a timeline: pass timeline=, a contiguous int64 "
-                             f"tensor of >= {words} words on {x.device}")
-        extra = (timeline.view(-1),)
-    elif timeline is not None:
-        raise ValueError("timeline= needs a config with timeline=True")
+    extra = () if timeline is None else (timeline.view(-1),)
     sa2 = _scale_2d(scale_a, ka, m, "scale_a")
     sb2 = _scale_2d(scale_b, kbk, n, "scale_b")
     fn = get_fp8_kernel(cfg, n, k, ka, kbk, "float32" if out_dtype == torch.float32 else "bfloat16")

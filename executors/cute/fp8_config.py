@@ -146,11 +146,11 @@ class Fp8Config:
             return "minb * threads must be <= 2048"
         if not 1 <= self.xahead <= 4:
             return "xahead (iterations of activations in flight) is 1..4"
+        if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
+            return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
         if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
             return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
                     f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
-        if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
-            return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
         if self.smem_bytes() > SMEM_PER_BLOCK or (self.smem_bytes() + 1024) * max(self.minb, 1) > SMEM_PER_SM:
             return (f"{self.smem_bytes()} bytes of shared memory per block (+ 1 KiB reserved) x "
                     f"{max(self.minb, 1)} blocks > {SMEM_PER_SM} per SM (or > {SMEM_PER_BLOCK} per block)")
@@ -186,6 +186,17 @@ def scale_kind(scale_shape, rows: int, k: int, operand: str) -> str:
 
 def _fits(cfg: Fp8Config, m: int, n: int, k: int) -> bool:
     return cfg.check(m, n, k) is None
+
+
+def _carry_prefetch(c: Fp8Config, base: Fp8Config, k: int) -> Fp8Config:
+    """A neighbour c of `base` (another K split, unroll, depth or ring) with base's L2 prefetch
+    fitted to its own iterations: all of them where base prefetched all, else the same count
+    where that is still past what c loads before the wait, else none."""
+    if not base.l2pre:
+        return c
+    nit, first = c.iterations(k), c.loaded_first(k)
+    p = nit if base.l2pre >= base.iterations(k) else min(base.l2pre, nit)
+    return dataclasses.replace(c, l2pre=p if p > first else 0)
 
 
 def _wk_choices(kb: int, unroll: int, limit: int) -> list[int]:
@@ -271,6 +282,7 @@ def fp8_configs_for(m: int, n: int, k: int, limit: int = 12, sms: int = SMS,
         cands.append(rep(base, warps_n=2))
     out: list[Fp8Config] = []
     for c in cands:
+        c = _carry_prefetch(c, base, k)
         if c not in out and _fits(c, m, n, k):
             out.append(c)
     return out[:limit]
@@ -292,7 +304,7 @@ def fp8_config_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
                     c = dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll, hw=hw)
                     per_sm = _cdiv(c.grid(n), sms)
                     for minb in {0, per_sm if per_sm * c.threads() <= 512 else 0}:
-                        cc = dataclasses.replace(c, minb=minb)
+                        cc = _carry_prefetch(dataclasses.replace(c, minb=minb), base, k)
                         if cc not in out and _fits(cc, m, n, k) and not (tiles == 4 and cc.threads() > 256):
                             out.append(cc)
     return out
@@ -372,8 +384,9 @@ def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48
         for wk in wks:
             for unroll in (1, 2, 4):
                 for st in (2, 3, 4, 6):
-                    c = dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll, bulk=st,
-                                            depth=1, minb=0, hw=4, warps_n=1, xahead=1)
+                    c = _carry_prefetch(dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll,
+                                                            bulk=st, depth=1, minb=0, hw=4, warps_n=1,
+                                                            xahead=1), base, k)
                     if (c in out or not _fits(c, m, n, k) or st > c.iterations(k) + 1
                             or (tiles == 4 and c.threads() > 256)):
                         continue

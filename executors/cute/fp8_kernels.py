@@ -226,6 +226,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                         if col < N:
                             mO[m, col] = v
         if cutlass.const_expr(tl is not None):
+            cute.arch.sync_threads()  # the end: every warp of the block is past its stores
             _tl_stamp(tl, tid, bid, 3)
 
     @cute.kernel
