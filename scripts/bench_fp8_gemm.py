@@ -455,7 +455,7 @@ def _compile_worker(job):
 
 
 def gpu_test_kernels() -> set:
-    """The fp8 kernels tests/test_cute_fp8.py's GPU tests compile (so gpu_suite.sh does not
+    """The fp8 kernels tests/test_cute_fp8_gpu.py's tests compile (so gpu_suite.sh does not
     compile them on the GPU's clock); a kernel missing here is only compiled there."""
     out = set()
     for n, k in ((2112, 7168), (3072, 1536), (4096, 512), (512, 7168), (7168, 256), (144, 7168),
