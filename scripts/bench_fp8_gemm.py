@@ -532,7 +532,8 @@ def main():
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
                          " setting varied at a time), grid = fp8_config_grid (combinations), bulk ="
                          " fp8_bulk_grid (bulk-copy rings), ahead = fp8_ahead_grid (near, x loaded 1-3"
-                         " iterations ahead), bulk-ahead = the rings so")
+                         " iterations ahead), bulk-ahead = the rings so, pre = fp8_pre_grid (L2 prefetch"
+                         " before the PDL wait, early launch, room for the next kernel's blocks)")
     ap.add_argument("--sweep-kinds", choices=sorted(SWEEP_KINDS), default="block",
                     help="scale kinds the sweep times with (tensor: per-tensor scales on both operands,"
                          " for fp8_defaults.MEASURED_TENSOR)")

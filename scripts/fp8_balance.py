@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from executors.cute import _lock, cubin_of, cubin_regcount, fp8, fp8_kernels
-from executors.cute.fp8_config import BLOCK, SMS, blocks_per_sm
+from executors.cute.fp8_config import BLOCK, SMS, blocks_per_sm, resident_per_sm
 
 
 def balance(cfg, n: int, k: int) -> dict:
@@ -44,7 +44,7 @@ def balance(cfg, n: int, k: int) -> dict:
 
 def room_for_next(cfg, n: int, b: dict) -> bool:
     """An SM holds this grid's share of blocks and as many of the next kernel's besides."""
-    return b["per_sm"] >= 2 * min(b["per_sm"], -(-n // cfg.rows_per_block() // SMS))
+    return b["per_sm"] >= 2 * resident_per_sm(cfg, n, SMS, b["regs"])
 
 
 def sweep_report(rec: dict, top: int) -> None:

@@ -345,7 +345,7 @@ def fp8_pre_grid(m: int, n: int, k: int, sms: int = SMS,
         if nit <= first:
             continue
         per = blocks_per_sm(c)
-        two = 2 * min(per, _cdiv(c.grid(n), sms))
+        two = 2 * resident_per_sm(c, n, sms)
         minbs = [c.minb]
         # room for a second kernel's blocks by registers too: ptxas caps them at the launch
         # bound (kept at >= 80 per thread, below which it spilled)
@@ -366,6 +366,12 @@ def blocks_per_sm(cfg: Fp8Config, regs: int | None = None) -> int:
     if regs is not None:
         n = min(n, 65536 // (-(-regs // 8) * 8 * cfg.threads()))
     return max(0, n)
+
+
+def resident_per_sm(cfg: Fp8Config, n: int, sms: int = SMS, regs: int | None = None) -> int:
+    """Blocks of this grid on the busiest SM while all that fit are resident: the grid's share
+    of an SM, at most what one SM holds (blocks_per_sm)."""
+    return min(blocks_per_sm(cfg, regs), _cdiv(cfg.grid(n), sms))
 
 
 def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48 * 1024) -> list[Fp8Config]:
@@ -390,10 +396,8 @@ def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48
                     if (c in out or not _fits(c, m, n, k) or st > c.iterations(k) + 1
                             or (tiles == 4 and c.threads() > 256)):
                         continue
-                    per_sm = blocks_per_sm(c)
-                    resident = min(per_sm, _cdiv(c.grid(n), sms))
-                    inflight = (st - 1) * c.bulk_stage_bytes() * c.warps_k * resident
-                    if c.grid(n) <= sms * per_sm and inflight >= min_inflight:
+                    inflight = (st - 1) * c.bulk_stage_bytes() * c.warps_k * resident_per_sm(c, n, sms)
+                    if c.grid(n) <= sms * blocks_per_sm(c) and inflight >= min_inflight:
                         out.append(c)
     return out
 
