@@ -30,8 +30,11 @@ EMU_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, depth=3), 7, 48, 640),     # 5 iterations, 3 in flight
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, depth=2), 12, 24, 512),  # depth = iterations
     (Fp8Config(m_tile=8, tiles=1, warps_k=1, depth=4), 3, 16, 256),           # depth > iterations
-    # the bulk-copy ring: stages < iterations, = iterations + 1 (all in flight at once), a
-    # K split with interleaved and contiguous K orders, two warps along N, a clamped last tile
+    # the bulk-copy ring: stages < iterations, > iterations, = iterations (all held before the
+    # wait), one stage (serial), a K split with interleaved and contiguous K orders, two warps
+    # along N, a clamped last tile
+    (Fp8Config(m_tile=16, tiles=2, warps_k=2, unroll=1, hw=4, bulk=3), 10, 40, 768),
+    (Fp8Config(m_tile=8, tiles=1, warps_k=1, unroll=2, hw=4, ki=0, bulk=1), 5, 24, 768),
     (Fp8Config(m_tile=8, tiles=2, warps_k=1, hw=4, bulk=2), 6, 40, 640),
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, hw=2, bulk=3), 14, 24, 1024),
     (Fp8Config(m_tile=16, tiles=4, warps_k=2, unroll=1, hw=4, ki=0, bulk=4), 11, 100, 768),
@@ -49,7 +52,7 @@ PRE_CASES = [  # (config, M, N, K)
     (Fp8Config(m_tile=8, tiles=2, warps_k=2, hw=4, l2pre=3), 5, 200, 768),
     (Fp8Config(m_tile=16, tiles=1, warps_k=2, unroll=2, ki=0, depth=2, l2pre=4), 12, 24, 2048),
     (Fp8Config(m_tile=16, tiles=4, warps_n=2, warps_k=1, hw=4, bulk=2, l2pre=4), 9, 100, 512),
-    (Fp8Config(m_tile=8, tiles=2, warps_k=2, ki=0, hw=2, bulk=3, xahead=2, l2pre=3), 3, 40, 768),
+    (Fp8Config(m_tile=8, tiles=2, warps_k=2, ki=0, hw=2, bulk=2, xahead=2, l2pre=3), 3, 40, 768),
     (Fp8Config(m_tile=8, tiles=1, warps_k=3, unroll=2, hw=4, depth=2, l2pre=3), 8, 16, 2304),
 ]
 EMU_CASES += PRE_CASES

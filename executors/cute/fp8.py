@@ -30,7 +30,8 @@ Public API (torch / cutlass imported lazily: importing this module needs neither
 * ``Fp8Config``, ``default_fp8_config(m, n, k)`` (the measured table executors/cute/fp8_defaults.py,
   else ``heuristic_fp8_config``), ``fp8_configs_for(m, n, k)``, ``fp8_config_grid(m, n, k)``,
   ``fp8_bulk_grid(m, n, k)`` (the bulk-copy ring's sweep), ``fp8_ahead_grid(m, n, k)``,
-  ``fp8_pre_grid(m, n, k)`` (the L2 prefetch before the PDL wait),
+  ``fp8_pre_grid(m, n, k)`` (the L2 prefetch before the PDL wait), ``fp8_hold_grid(m, n, k)``
+  (rings held on chip beside the next kernel's blocks),
   ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
 Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
@@ -63,6 +64,7 @@ __all__ = [
     "fp8_bulk_grid",
     "fp8_ahead_grid",
     "fp8_pre_grid",
+    "fp8_hold_grid",
     "fp8_configs_for",
     "compile_fp8_for_arch",
     "get_fp8_kernel",
@@ -87,6 +89,7 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     fp8_bulk_grid,
     fp8_config_grid,
     fp8_configs_for,
+    fp8_hold_grid,
     fp8_pre_grid,
     heuristic_fp8_config,
     scale_kind,

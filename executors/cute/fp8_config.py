@@ -48,12 +48,12 @@ class Fp8Config:
     minb: int = 0  # launch bound: minimum resident blocks per SM asked of ptxas (0 = none)
     pdl: bool = True
     depth: int = 1  # iterations of weights in flight: iteration it + depth is loaded before it is used
-    bulk: int = 0  # >= 2: weights stream through a per-warp ring of this many stages in shared
+    bulk: int = 0  # >= 1: weights stream through a per-warp ring of this many stages in shared
     # memory, filled by bulk copies (the TMA unit, one per weight row) completing on mbarriers;
     # 0: loaded straight into registers
     xahead: int = 1  # iterations ahead that x and the activation (ring: and weight) scales are loaded
     l2pre: int = 0  # > 0: before the PDL wait the block also prefetches into L2 the weights of its
-    # iterations up to this one (past the depth / S - 1 it loads then), so a block that became
+    # iterations up to this one (past the depth / S it loads then), so a block that became
     # resident beside the previous kernel's streams its weights during that kernel's tail
     early: bool = False  # PDL: let the next kernel launch at this one's start instead of after
     # its wait (the next one's wait still waits for this grid to complete): its blocks are then
@@ -116,8 +116,8 @@ class Fp8Config:
         return k // BLOCK // (self.warps_k * self.unroll)
 
     def loaded_first(self, k: int) -> int:
-        """Iterations of weights loaded before the PDL wait (registers: depth; ring: S - 1)."""
-        return min(self.bulk - 1 if self.bulk else self.depth, self.iterations(k))
+        """Iterations of weights loaded before the PDL wait (registers: depth; ring: its S stages)."""
+        return min(self.bulk if self.bulk else self.depth, self.iterations(k))
 
     def check(self, m: int, n: int, k: int) -> str | None:
         """None if this config runs the shape, else the reason."""
@@ -146,8 +146,8 @@ class Fp8Config:
             return "minb * threads must be <= 2048"
         if not 1 <= self.xahead <= 4:
             return "xahead (iterations of activations in flight) is 1..4"
-        if self.bulk and not (2 <= self.bulk <= 8 and self.depth == 1):
-            return "bulk is 0 or 2..8 stages (the ring replaces depth, which stays 1)"
+        if self.bulk and not (1 <= self.bulk <= 8 and self.depth == 1):
+            return "bulk is 0 or 1..8 stages (the ring replaces depth, which stays 1)"
         if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
             return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
                     f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
@@ -393,12 +393,66 @@ def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48
                     c = _carry_prefetch(dataclasses.replace(base, tiles=tiles, warps_k=wk, unroll=unroll,
                                                             bulk=st, depth=1, minb=0, hw=4, warps_n=1,
                                                             xahead=1), base, k)
-                    if (c in out or not _fits(c, m, n, k) or st > c.iterations(k) + 1
+                    if (c in out or not _fits(c, m, n, k) or st > c.iterations(k)
                             or (tiles == 4 and c.threads() > 256)):
                         continue
                     inflight = (st - 1) * c.bulk_stage_bytes() * c.warps_k * resident_per_sm(c, n, sms)
                     if c.grid(n) <= sms * blocks_per_sm(c) and inflight >= min_inflight:
                         out.append(c)
+    return out
+
+
+HOLD_READ_BPUS = 4.0e6  # bytes per us the H200 reads (about; fp8_hold_grid's ranking only)
+HOLD_EXPOSED_US = 1.7  # PDL release + first-load latency after the wait (fp8_timeline.py, qkv_a)
+
+
+def fp8_hold_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list[Fp8Config]:
+    """The default, then rings that hold weights on chip before the PDL wait while the next
+    kernel's blocks fit beside them (`--sweep hold` of bench_fp8_gemm.py): the next kernel
+    launches at this one's start (`early`), its blocks become resident on the SM this one
+    shares and fill their S stages during this kernel, so after its release only the
+    iterations past S stream from DRAM. Kept: rings whose SM holds twice the grid's resident
+    blocks by shared memory and threads with >= 64 registers a thread (the launch bound asks
+    ptxas for that), S <= iterations; ranked by a model of the period (the busiest SM's bytes at
+    the read bandwidth, or the exposed release and first latency plus the bytes past the held
+    ones, whichever is longer), the best `limit`."""
+    base = default_fp8_config(m, n, k, sms)
+    kb = k // BLOCK
+    floor_us = n * k / sms / HOLD_READ_BPUS  # one SM's even share of the weights
+    scored: list[tuple] = []
+    for tiles in (1, 2, 4):
+        for wn in (1, 2):
+            for unroll in (1, 2, 4):
+                for wk in _wk_choices(kb, unroll, 32):
+                    for st in range(1, 9):
+                        for ki in (0, 1):
+                            c = Fp8Config(m_tile=base.m_tile, tiles=tiles, warps_n=wn, warps_k=wk,
+                                          unroll=unroll, ki=ki, hw=4, bulk=st, early=True)
+                            nit = c.iterations(k)
+                            if st > nit or (tiles == 4 and c.threads() > 256):
+                                continue
+                            two = 2 * resident_per_sm(c, n, sms)
+                            if not two or blocks_per_sm(c) < two or 65536 // (two * c.threads()) < 64:
+                                continue
+                            c = dataclasses.replace(c, minb=two)
+                            if not _fits(c, m, n, k):
+                                continue
+                            busiest = two // 2 * c.rows_per_block() * sms / n  # x an even share
+                            stream = busiest * floor_us
+                            est = max(stream, HOLD_EXPOSED_US + (1 - st / nit) * stream)
+                            warps_sm = two // 2 * c.warps_n * c.warps_k
+                            scored.append((round(est / floor_us, 2), -warps_sm, st, c))
+    # the model knows neither the per-iteration latency nor the conversion work: among equal
+    # estimates more warps per SM come first, and at most two rings per block shape are kept
+    scored.sort(key=lambda e: e[:3])
+    out, per_shape = [base], {}
+    for *_, c in scored:
+        shape = (c.tiles, c.warps_n, c.warps_k, c.unroll)
+        if len(out) > limit:
+            break
+        if c not in out and per_shape.get(shape, 0) < 2:
+            per_shape[shape] = per_shape.get(shape, 0) + 1
+            out.append(c)
     return out
 
 

@@ -24,14 +24,16 @@ With ``bulk`` = S > 0 the weights go through shared memory instead: each warp ha
 stages, one per iteration, each with its mbarrier. Lane l < 8R copies the warp's weight row l
 (n_tile0 + l) of the iteration's unroll K blocks, contiguous in global memory, with one bulk copy
 (the TMA unit: bytes in flight that hold neither registers nor load slots); lane 0 arms the
-barrier with the stage's byte count. Iteration it waits for its stage's phase, reads the same
-16-byte vectors as the register path from shared memory, and the stage is refilled with
-iteration it + S at the start of iteration it + 1 (after the warp's mma of iteration it have
-consumed every lane's reads). S - 1 iterations are in flight while one is computed.
+barrier with the stage's byte count. All S stages are filled before the PDL wait (so a block
+resident beside the previous kernel holds its first S iterations on chip when it is released).
+Iteration it waits for its stage's phase, reads the same 16-byte vectors as the register path
+from shared memory, and the stage is refilled with iteration it + S at the start of iteration
+it + 1 (after the warp's mma of iteration it have consumed every lane's reads). S = 1 is a
+serial ring: each later iteration's copy is issued after the one before is consumed.
 
 With ``l2pre`` = P > 0, before the PDL wait each warp also prefetches into L2 (one bulk prefetch
 per weight row, lanes < 8R) the K blocks of the block's iterations [first, P), first being the
-iterations it loads then (depth, or S - 1 in the ring): ki 0, its own contiguous range; ki 1, the
+iterations it loads then (depth, or S in the ring): ki 0, its own contiguous range; ki 1, the
 block's range [first, P) is contiguous and split into one chunk per warp.
 
 With ``xahead`` = A, the x vectors and activation scales of iteration it + A (in the ring also
@@ -273,11 +275,11 @@ class LaneProgram:
     def preload(self):
         """The weight vectors and scales of the first `depth` iterations (issued before the PDL
         wait: they do not depend on the previous kernel); with the bulk ring, the barriers'
-        set-up, the copies of the first S - 1 iterations and iteration 0's weight scales; then the
+        set-up, the copies of the first S iterations and iteration 0's weight scales; then the
         L2 prefetch of the iterations up to l2pre."""
         if self.S:
             self.bulk_init()
-            for i in range(self.S - 1):
+            for i in range(self.first):
                 self.bulk_issue(i)
             pre = None, [self.load_sb(i) for i in range(min(self.XA, self.NIT))]
         else:
@@ -318,14 +320,16 @@ class LaneProgram:
         return [self.load_x(i) for i in first], [self.load_sa(i) for i in first]
 
     def _run_bulk(self, sbq):
-        """The ring's K loop: the stage iteration it - 1 used is refilled with iteration
-        it + S - 1; x and the scales of iteration it + xahead are loaded into registers."""
+        """The ring's K loop: from iteration 1 on, the stage iteration it - 1 used is refilled
+        with iteration it + S - 1; x and the scales of iteration it + xahead are loaded into
+        registers."""
         o = self.o
         A = self.XA
         xq, saq = self._acts_ahead()
         acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
         for it in range(self.NIT):
-            self.bulk_issue(it + self.S - 1)  # into the stage iteration it - 1 used
+            if it:
+                self.bulk_issue(it + self.S - 1)  # into the stage iteration it - 1 used
             if it + A < self.NIT:
                 xq.append(self.load_x(it + A))
                 saq.append(self.load_sa(it + A))
