@@ -29,6 +29,11 @@ def _e4m3_to_f16_bits() -> np.ndarray:
 E4M3_F16 = _e4m3_to_f16_bits()
 
 
+def e4m3_values(b) -> np.ndarray:
+    """The values of e4m3 bytes (a uint8 array) as float64."""
+    return E4M3_F16[np.asarray(b)].astype(np.uint16).view(np.float16).astype(np.float64)
+
+
 def f16_halves(word):
     """(low, high) f16 values of 32-bit words (int64 arrays) as float64."""
     w = np.asarray(word, dtype=np.int64) & 0xFFFFFFFF

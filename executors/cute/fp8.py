@@ -31,7 +31,8 @@ Public API (torch / cutlass imported lazily: importing this module needs neither
   else ``heuristic_fp8_config``), ``fp8_configs_for(m, n, k)``, ``fp8_config_grid(m, n, k)``,
   ``fp8_bulk_grid(m, n, k)`` (the bulk-copy ring's sweep), ``fp8_ahead_grid(m, n, k)``,
   ``fp8_pre_grid(m, n, k)`` (the L2 prefetch before the PDL wait), ``fp8_hold_grid(m, n, k)``
-  (rings held on chip beside the next kernel's blocks),
+  (rings held on chip beside the next kernel's blocks), ``fp8_wg_grid(m, n, k)`` (the warpgroup
+  wgmma kernel, Fp8Config.wg),
   ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
 Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
@@ -65,6 +66,7 @@ __all__ = [
     "fp8_ahead_grid",
     "fp8_pre_grid",
     "fp8_hold_grid",
+    "fp8_wg_grid",
     "fp8_configs_for",
     "compile_fp8_for_arch",
     "get_fp8_kernel",
@@ -91,6 +93,7 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     fp8_configs_for,
     fp8_hold_grid,
     fp8_pre_grid,
+    fp8_wg_grid,
     heuristic_fp8_config,
     scale_kind,
     word_byte_order,

@@ -58,6 +58,9 @@ class Fp8Config:
     early: bool = False  # PDL: let the next kernel launch at this one's start instead of after
     # its wait (the next one's wait still waits for this grid to complete): its blocks are then
     # resident, loading their weights, during all of this kernel (no effect without pdl)
+    wg: bool = False  # warpgroup kernel (fp8_wg.py): wgmma on fp8 operands from shared memory,
+    # warps_k counts warpgroups of 128 threads, tiles * 8 weight rows are the wgmma N, the
+    # weights stream through a cp.async ring of `bulk` stages (no conversion, no mma.sync)
     timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
     # weights are issued, past the PDL wait and at its end (gemm_fp8's `timeline` buffer)
 
@@ -68,12 +71,18 @@ class Fp8Config:
     def bulk_stage_bytes(self) -> int:
         return 8 * self.tiles * self.bulk_row_bytes()
 
-    def smem_bytes(self) -> int:
+    def smem_bytes(self, k: int = 0) -> int:
         """Shared memory per block: the bulk rings with their mbarriers and the warps_k
-        reduction."""
+        reduction; with wg (which needs K) the weight rings and x buffers of its warpgroups."""
         warps = self.warps_n * self.warps_k
-        ring = warps * self.bulk * (self.bulk_stage_bytes() + 8) if self.bulk else 0
+        if self.wg:
+            assert k > 0, "the warpgroup kernel's shared memory depends on K"
+            x = self.iterations(k) * self.unroll * 8 * 16 * self.m_tile + 1024  # fp8_wg.wg_x_bytes
+            ring = self.warps_k * (self.bulk * 8 * self.tiles * self.unroll * BLOCK + x)
+        else:
+            ring = warps * self.bulk * (self.bulk_stage_bytes() + 8) if self.bulk else 0
         red = 4 * warps * self.tiles * self.m_tile * 8 if self.warps_k > 1 else 0
+        red *= 2 if self.wg else 1  # wg: a second half for the warps without token rows
         return ring + red
 
     def key(self) -> str:
@@ -84,6 +93,7 @@ class Fp8Config:
         d += f"_x{self.xahead}" if self.xahead != 1 else ""
         d += f"_p{self.l2pre}" if self.l2pre else ""
         d += "_e" if self.early else ""
+        d += "_wg" if self.wg else ""
         d += "_tl" if self.timeline else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
@@ -103,7 +113,7 @@ class Fp8Config:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def threads(self) -> int:
-        return 32 * self.warps_n * self.warps_k
+        return (128 if self.wg else 32) * self.warps_n * self.warps_k
 
     def rows_per_block(self) -> int:
         return 8 * self.tiles * self.warps_n
@@ -129,8 +139,13 @@ class Fp8Config:
             return f"N={n} must be positive"
         if k < BLOCK or k % BLOCK:
             return f"K={k} must be a positive multiple of {BLOCK} (the kernel walks 128-wide K blocks)"
-        if self.tiles not in (1, 2, 4):
-            return "tiles must be 1, 2 or 4 (a warp's rows then lie in one 128-row scale block)"
+        if self.tiles not in ((1, 2, 4, 8) if self.wg else (1, 2, 4)):
+            return ("tiles must be 1, 2 or 4 (with wg also 8): a warp's or warpgroup's rows then lie "
+                    "in one 128-row scale block")
+        if self.wg:
+            why = _wg_fields_ok(self)
+            if why:
+                return why
         if self.warps_n < 1 or self.warps_k < 1 or self.unroll < 1:
             return "warps_n, warps_k and unroll must be positive"
         kb = k // BLOCK
@@ -151,10 +166,21 @@ class Fp8Config:
         if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
             return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
                     f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
-        if self.smem_bytes() > SMEM_PER_BLOCK or (self.smem_bytes() + 1024) * max(self.minb, 1) > SMEM_PER_SM:
-            return (f"{self.smem_bytes()} bytes of shared memory per block (+ 1 KiB reserved) x "
+        smem = self.smem_bytes(k)
+        if smem > SMEM_PER_BLOCK or (smem + 1024) * max(self.minb, 1) > SMEM_PER_SM:
+            return (f"{smem} bytes of shared memory per block (+ 1 KiB reserved) x "
                     f"{max(self.minb, 1)} blocks > {SMEM_PER_SM} per SM (or > {SMEM_PER_BLOCK} per block)")
         return None
+
+
+def _wg_fields_ok(cfg: Fp8Config) -> str | None:
+    if cfg.warps_n != 1:
+        return "wg: warps_n is 1 (a warpgroup's N is 8 * tiles)"
+    if not 2 <= cfg.bulk <= 8 or cfg.depth != 1 or cfg.hw != 4 or cfg.l2pre:
+        return "wg: bulk (stages) is 2..8; depth 1, hw 4 and l2pre 0 (unused there)"
+    if (2 * cfg.unroll + 1) * 4 * cfg.tiles > 160:
+        return "wg: two iterations of partials and the accumulator exceed 160 registers"
+    return None
 
 
 def scale_kind(scale_shape, rows: int, k: int, operand: str) -> str:
@@ -358,20 +384,20 @@ def fp8_pre_grid(m: int, n: int, k: int, sms: int = SMS,
     return out
 
 
-def blocks_per_sm(cfg: Fp8Config, regs: int | None = None) -> int:
+def blocks_per_sm(cfg: Fp8Config, regs: int | None = None, k: int = 0) -> int:
     """Blocks of a config one SM holds by shared memory (1 KiB reserved per block), threads and
     the 32-block cap, and by registers when `regs` (per thread, allocated in units of 8) is
-    known from the compiled kernel."""
-    n = min(SMEM_PER_SM // (cfg.smem_bytes() + 1024), 2048 // cfg.threads(), 32)
+    known from the compiled kernel (k: needed for wg configs)."""
+    n = min(SMEM_PER_SM // (cfg.smem_bytes(k) + 1024), 2048 // cfg.threads(), 32)
     if regs is not None:
         n = min(n, 65536 // (-(-regs // 8) * 8 * cfg.threads()))
     return max(0, n)
 
 
-def resident_per_sm(cfg: Fp8Config, n: int, sms: int = SMS, regs: int | None = None) -> int:
+def resident_per_sm(cfg: Fp8Config, n: int, sms: int = SMS, regs: int | None = None, k: int = 0) -> int:
     """Blocks of this grid on the busiest SM while all that fit are resident: the grid's share
     of an SM, at most what one SM holds (blocks_per_sm)."""
-    return min(blocks_per_sm(cfg, regs), _cdiv(cfg.grid(n), sms))
+    return min(blocks_per_sm(cfg, regs, k), _cdiv(cfg.grid(n), sms))
 
 
 def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48 * 1024) -> list[Fp8Config]:
@@ -451,6 +477,45 @@ def fp8_hold_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> li
         if len(out) > limit:
             break
         if c not in out and per_shape.get(shape, 0) < 2:
+            per_shape[shape] = per_shape.get(shape, 0) + 1
+            out.append(c)
+    return out
+
+
+def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list[Fp8Config]:
+    """The default, then warpgroup (wgmma) configs (`--sweep wg` of bench_fp8_gemm.py): weight
+    rows per warpgroup (tiles 1..8), warpgroups along K (up to 8), unroll, ring stages, K order
+    and the early launch. Kept: what fits (shared memory, registers) with the whole grid resident,
+    ranked by the busiest SM's share of the weight rows, then by at least 48 KiB of weights in
+    flight per SM, then by more warpgroups per SM; the best `limit`, at most three per block
+    shape."""
+    base = default_fp8_config(m, n, k, sms)
+    kb = k // BLOCK
+    scored: list[tuple] = []
+    for tiles in (1, 2, 4, 8):
+        for unroll in (1, 2, 4):
+            for wk in _wk_choices(kb, unroll, 8):
+                for st in (2, 3, 4, 6):
+                    for ki in (1, 0):
+                        for early in (False, True):
+                            c = Fp8Config(m_tile=base.m_tile, tiles=tiles, warps_k=wk, unroll=unroll,
+                                          ki=ki, hw=4, bulk=st, early=early, wg=True)
+                            if st > c.iterations(k) or not _fits(c, m, n, k):
+                                continue
+                            per = resident_per_sm(c, n, sms, k=k)
+                            if not per or c.grid(n) > sms * per:
+                                continue
+                            busiest = per * c.rows_per_block() * sms / n
+                            inflight = st * 8 * tiles * unroll * BLOCK * wk * per
+                            scored.append((round(busiest, 2), inflight < 48 * 1024, -wk * per, ki == 0,
+                                           st, early, c))
+    scored.sort(key=lambda e: e[:6])
+    out, per_shape = [base], {}
+    for *_, c in scored:  # at most three per block shape (stages, K order, early launch)
+        shape = (c.tiles, c.warps_k, c.unroll)
+        if len(out) > limit:
+            break
+        if per_shape.get(shape, 0) < 3:
             per_shape[shape] = per_shape.get(shape, 0) + 1
             out.append(c)
     return out

@@ -19,6 +19,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
+from .fp8_wg import WgProgram, wg_x_bytes
 from .kernels import _imin, _SmemAllocator
 from .ptx import (
     bulk_g2s,
@@ -35,6 +36,19 @@ from .ptx import (
     smid,
     st_u64,
     sync_warp,
+)
+from .ptx_wg import (
+    bar_wg,
+    cp_async16,
+    cp_commit,
+    cp_wait,
+    fence_async,
+    fence_regs,
+    make_desc,
+    wg_commit,
+    wg_fence,
+    wg_wait,
+    wgmma_e4m3,
 )
 
 
@@ -120,6 +134,18 @@ class _Ops:
     mbar_wait = staticmethod(mbar_wait)
     sync_warp = staticmethod(sync_warp)
     prefetch_l2 = staticmethod(prefetch_l2_bulk)
+    # the warpgroup program (WgProgram)
+    cp_async = staticmethod(cp_async16)
+    cp_commit = staticmethod(cp_commit)
+    cp_wait = staticmethod(cp_wait)
+    fence_async = staticmethod(fence_async)
+    bar_wg = staticmethod(bar_wg)
+    wg_fence = staticmethod(wg_fence)
+    wg_commit = staticmethod(wg_commit)
+    wg_wait = staticmethod(wg_wait)
+    wgmma = staticmethod(wgmma_e4m3)
+    make_desc = staticmethod(make_desc)
+    fence_regs = staticmethod(fence_regs)
 
 
 @cute.jit
@@ -165,22 +191,30 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         t = lane % 4
         wn = warp % WN
         wk = warp // WN
+        if cutlass.const_expr(cfg.wg):  # warps_k counts warpgroups (warps_n is 1)
+            wk = warp // 4
         n_tile0 = (bid * WN + wn) * (8 * R)
 
         if cutlass.const_expr(PDL and cfg.early):
             # the next kernel may launch at once: its blocks become resident beside this grid's
             # where an SM has room and load their weights while this one runs
             cute.arch.griddepcontrol_launch_dependents()
-        ln = LaneProgram(_Ops, cfg, N, K, a, b)
+        ln = (WgProgram if cfg.wg else LaneProgram)(_Ops, cfg, N, K, a, b)
         ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
                          mSB.stride[0], mSB.stride[1])
         smem = _SmemAllocator()
-        if cutlass.const_expr(cfg.bulk > 0):
+        if cutlass.const_expr(cfg.bulk > 0 and not cfg.wg):
             nw = WN * WK
             ring = smem.allocate_tensor(Int32, cute.make_layout(nw * cfg.bulk * cfg.bulk_stage_bytes() // 4),
                                         byte_alignment=128)
             bars = smem.allocate_tensor(Int64, cute.make_layout(nw * cfg.bulk), byte_alignment=8)
             ln.setup_bulk(Int32(ring.iterator.toint()), Int32(bars.iterator.toint()), warp, lane, g, t)
+        if cutlass.const_expr(cfg.wg):
+            ring = smem.allocate_tensor(Int32, cute.make_layout(WK * cfg.bulk * 8 * R * cfg.unroll * 32),
+                                        byte_alignment=128)
+            xbuf = smem.allocate_tensor(Int32, cute.make_layout(WK * wg_x_bytes(cfg, K) // 4),
+                                        byte_alignment=128)
+            ln.setup_wg(Int32(ring.iterator.toint()), Int32(xbuf.iterator.toint()), tid % 128, wk + 1)
         pre = ln.preload()
         if cutlass.const_expr(tl is not None):
             _tl_stamp(tl, tid, bid, 1)
@@ -200,18 +234,23 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         # and stored under the predicate: the predicated regions hold stores only
         ents = acc_entries(R, MT, g, t)
         if cutlass.const_expr(WK == 1):
+            # wg: only warp 0 of the warpgroup holds token rows (the others, wgmma rows 16..63)
+            m_lim = m_rows * Int32(warp % 4 == 0) if cutlass.const_expr(cfg.wg) else m_rows
             for q in cutlass.range_constexpr(len(ents)):
                 r, e, m, c8 = ents[q]
                 col = n_tile0 + r * 8 + c8
                 v = ln.final(acc[r][e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                if m < m_rows:
+                if m < m_lim:
                     if col < N:
                         mO[m, col] = v
         else:
-            red = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+            # wg: warps 1..3 of a warpgroup write a second, never-read half instead
+            red = smem.allocate_tensor(Float32, cute.make_layout((2 if cfg.wg else 1) * WK * OUT_BLK),
+                                       byte_alignment=16)
+            junk = Int32(warp % 4 != 0) * (WK * OUT_BLK) if cutlass.const_expr(cfg.wg) else 0
             for q in cutlass.range_constexpr(len(ents)):
                 r, e, m, c8 = ents[q]
-                red[ln.red_slot(wk, wn, r, m, c8)] = acc[r][e]
+                red[ln.red_slot(wk, wn, r, m, c8) + junk] = acc[r][e]
             cute.arch.sync_threads()
             for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
                 idx = tid + p * NTHR

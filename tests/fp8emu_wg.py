@@ -1,0 +1,189 @@
+"""CPU emulator of the warpgroup fp8 GEMM (Fp8Config.wg): runs executors.cute.fp8_wg.WgProgram
+on numpy vectors of a warpgroup's 128 threads. wgmma reads its operands through the shared-memory
+matrix descriptors as the PTX ISA's canonical K-major layout without swizzle defines them (byte
+(row, k) at start + (row % 8) * 16 + (row // 8) * SBO + k % 16 + (k // 16) * LBO) and returns the
+accumulator fragment of m64nNk32 (thread of warp w, lane (g, t): d[4i + e] = D[16w + g + 8 (e // 2),
+8i + 2t + e % 2]). A cp.async copy lands only when a cp.async.wait_group covers its group; wgmma
+refuses bytes that have not landed, been fenced to the async proxy and then met the warpgroup's
+barrier (x rows past m_tile excepted: they are never stored), and a copy into bytes that a
+wgmma group not yet waited for reads is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from executors.cute.fp8 import Fp8Config
+from executors.cute.fp8_lane import acc_entries
+from executors.cute.fp8_wg import DESC_START_MASK, WgProgram
+from tests.fp8emu import Memory, NumpyOps, e4m3_values
+
+WLANES = np.arange(128)
+WG, WT = WLANES % 32 // 4, WLANES % 4
+LANDED, FENCED, VISIBLE = 2, 3, 4  # byte states past "in flight" (1)
+
+
+def decode_desc(desc) -> tuple[int, int, int]:
+    d = np.unique(np.asarray(desc, dtype=np.int64))
+    assert d.size == 1, "a descriptor must be the same in every thread of the warpgroup"
+    d = int(d[0])
+    assert d >> 62 == 0 and (d >> 49) & 7 == 0, "layout type / base offset: no swizzle expected"
+    return (d & DESC_START_MASK) << 4, ((d >> 16) & 0x3FFF) << 4, ((d >> 32) & 0x3FFF) << 4
+
+
+class WgOps(NumpyOps):
+    def __init__(self, mem: Memory, m_tile: int):
+        super().__init__(mem)
+        self.m_tile = m_tile
+        self.wgmma_calls = 0
+
+    def new_block(self, smem_bytes: int):
+        super().new_block(smem_bytes)
+        self.state = np.zeros(self.smem.size, dtype=np.int8)
+        self.open_cp, self.cp_groups = [], []
+        self.open_reads, self.wg_groups = np.zeros(self.smem.size, dtype=bool), []
+
+    @staticmethod
+    def _lanes(idx, limit):
+        return np.nonzero(np.broadcast_to(np.asarray(idx) < limit, (128,)))[0]
+
+    @staticmethod
+    def _vec(v):
+        return np.broadcast_to(np.asarray(v, dtype=np.int64), (128,))
+
+    # ---- copies -------------------------------------------------------------------
+    def cp_async(self, dst, src, idx, limit):
+        d_all, s_all = self._vec(dst), self._vec(src)
+        for lane in self._lanes(idx, limit):
+            d, s = int(d_all[lane]), int(s_all[lane])
+            assert d % 16 == 0 and 0 < d and d + 16 <= self.smem.size, f"cp.async into smem {d}"
+            span = slice(d, d + 16)
+            assert (self.state[span] != 1).all(), "two copies in flight into the same bytes"
+            for reads in self.wg_groups + [self.open_reads]:
+                assert not reads[span].any(), "copy into bytes a pending wgmma reads"
+            self.open_cp.append((d, self.mem.read(np.array([s]), 16)[0].copy()))
+            self.state[span] = 1
+
+    def cp_commit(self):
+        self.cp_groups.append(self.open_cp)
+        self.open_cp = []
+
+    def cp_wait(self, n):
+        keep = self.cp_groups[len(self.cp_groups) - n:] if n else []
+        for grp in self.cp_groups[:len(self.cp_groups) - n]:
+            for d, data in grp:
+                self.smem[d:d + 16] = data
+                self.state[d:d + 16] = LANDED
+        self.cp_groups = keep
+
+    def fence_async(self):
+        self.state[self.state == LANDED] = FENCED
+
+    def bar_wg(self, bar_id):
+        assert np.unique(self._vec(bar_id)).size == 1, "one named barrier per warpgroup"
+        self.state[self.state == FENCED] = VISIBLE
+
+    # ---- wgmma --------------------------------------------------------------------
+    @staticmethod
+    def make_desc(addr, bits):
+        return (np.asarray(addr, dtype=np.int64) >> 4 & DESC_START_MASK) | np.int64(bits)
+
+    def _operand(self, desc, rows: int, real_rows: int):
+        start, lbo, sbo = decode_desc(desc)
+        r = np.arange(rows)[:, None]
+        k = np.arange(32)[None, :]
+        addr = start + (r % 8) * 16 + (r // 8) * sbo + k % 16 + (k // 16) * lbo
+        assert (addr >= 0).all() and (addr < self.smem.size).all(), "wgmma operand outside smem"
+        real = addr[:real_rows]
+        assert (self.state[real] == VISIBLE).all(), (
+            "wgmma reads bytes not landed, fenced to the async proxy and past the barrier")
+        self.open_reads[addr.reshape(-1)] = True
+        return e4m3_values(self.smem[addr])
+
+    def wg_fence(self):
+        pass
+
+    def wgmma(self, da, db, d, fresh):
+        self.wgmma_calls += 1
+        n = 2 * len(d)
+        A = self._operand(da, 64, self.m_tile)
+        B = self._operand(db, n, n)
+        D = A @ B.T
+        w = WLANES // 32
+        out = []
+        for idx in range(len(d)):
+            i, e = idx // 4, idx % 4
+            v = D[16 * w + WG + 8 * (e // 2), 8 * i + 2 * WT + e % 2]
+            base = 0.0 if fresh else np.broadcast_to(np.asarray(d[idx], dtype=np.float64), (128,))
+            out.append((base + v).astype(np.float32))
+        return out
+
+    def wg_commit(self):
+        self.wg_groups.append(self.open_reads)
+        self.open_reads = np.zeros(self.smem.size, dtype=bool)
+
+    def wg_wait(self, n):
+        self.wg_groups = self.wg_groups[len(self.wg_groups) - n:] if n else []
+
+    @staticmethod
+    def fence_regs(vals):
+        return list(vals)
+
+
+def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgProgram):
+    """out[M, N] (fp32) as the warpgroup kernel computes it (row-major operands and scales)."""
+    m, k = x_u8.shape
+    n = w_u8.shape[0]
+    assert cfg.wg and cfg.check(m, n, k) is None, cfg.check(m, n, k)
+    mem = Memory(1024 + x_u8.size + w_u8.size + 4 * (sa.size + sb.size) + 4 * 256)
+    x_base = mem.put_strided(x_u8, (k, 1), 1)
+    w_base = mem.put_strided(w_u8, (k, 1), 1)
+    sa_base = mem.put_strided(sa.astype(np.float32), (sa.shape[1], 1), 4)
+    sb_base = mem.put_strided(sb.astype(np.float32), (sb.shape[1], 1), 4)
+    ops = WgOps(mem, cfg.m_tile)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    writes = np.zeros((m, n), dtype=np.int64)
+    R, WK, MT = cfg.tiles, cfg.warps_k, cfg.m_tile
+    owner = WLANES < 32  # warp 0 of the warpgroup holds the token rows
+
+    def store(mm, col, v):
+        ok = owner & (mm < m) & (col < n)
+        np.add.at(writes, (mm[ok], col[ok]), 1)
+        out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
+
+    for bid in range(cfg.grid(n)):
+        probe = program(ops, cfg, n, k, a, b)
+        ring_all = WK * cfg.bulk * probe.stage_bytes
+        ops.new_block(128 + ring_all + WK * probe.x_bytes)
+        red = np.full(WK * R * MT * 8, np.nan, dtype=np.float32)
+        ln = None
+        for wk in range(WK):
+            n_tile0 = bid * 8 * R
+            ln = program(ops, cfg, n, k, a, b)
+            ln.setup_weights(w_base, n_tile0, WG, WT, wk, sb_base, sb.shape[1], 1)
+            ln.setup_wg(np.int64(128), np.int64(128 + ring_all), WLANES, wk + 1)
+            pre = ln.preload()
+            ln.setup_acts(x_base, k, m, WG, WT, sa_base, sa.shape[1], 1)
+            acc = ln.run(pre)
+            assert not ops.cp_groups and not ops.open_cp, "copies never waited for"
+            for r, e, mm, c8 in acc_entries(R, MT, WG, WT):
+                if WK == 1:
+                    col = n_tile0 + r * 8 + c8
+                    store(mm, col, ln.final(acc[r][e], np.minimum(mm, m - 1), np.minimum(col, n - 1)))
+                else:
+                    slot = ln.red_slot(wk, 0, r, mm, c8)[owner]
+                    assert np.isnan(red[slot]).all(), "two values for one reduction slot"
+                    red[slot] = np.asarray(acc[r][e])[owner]
+        if WK > 1:
+            assert not np.isnan(red).any(), "reduction slot never written"
+            nthr = cfg.threads()
+            for p in range(-(-ln.out_blk // nthr)):
+                idx = np.arange(nthr) + p * nthr
+                idc = np.minimum(idx, ln.out_blk - 1)
+                s = sum(red[q * ln.out_blk + idc] for q in range(WK)).astype(np.float32)
+                mm, col = ln.out_coord(bid, idc)
+                v = np.broadcast_to(ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)), idx.shape)
+                ok = (idx < ln.out_blk) & (mm < m) & (col < n)
+                np.add.at(writes, (mm[ok], col[ok]), 1)
+                out[mm[ok], col[ok]] = v[ok]
+    assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
+    return out, ops.wgmma_calls

@@ -1,0 +1,199 @@
+"""The warpgroup fp8 GEMM (Fp8Config.wg: wgmma on fp8 operands from shared memory): its emulated
+program against the fp64 reference over configs and scale kinds, the emulator's refusals of a
+missing fence, an early refill and wrong descriptors, the config checks, the sweep's candidates,
+the PTX / SASS it compiles to, and (marker ``gpu``) the kernel on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from executors.cute import fp8, fp8_wg
+from executors.cute.fp8 import Fp8Config
+from executors.cute.fp8_config import blocks_per_sm
+from tests.cuteutil import gpu
+from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, ref64, scales
+from tests.fp8emu import random_e4m3_bytes
+from tests.fp8emu_wg import WgOps, emulate_wg
+
+
+def wg(**kw) -> Fp8Config:
+    return Fp8Config(hw=4, wg=True, **kw)
+
+
+# (config, M, N, K): one and several warpgroups along K, both K orders, unroll 1..4, 8..64
+# weight rows per warpgroup, stages below / equal to the iterations, clamped last blocks, m_tile 8
+# and 16 at M below it, the early launch
+WG_CASES = [
+    (wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3), 11, 40, 1024),
+    (wg(m_tile=8, tiles=1, warps_k=1, unroll=1, bulk=2), 5, 24, 640),
+    (wg(m_tile=8, tiles=8, warps_k=1, unroll=2, bulk=2), 8, 130, 512),
+    (wg(m_tile=16, tiles=4, warps_k=1, unroll=1, ki=0, bulk=3), 16, 100, 768),
+    (wg(m_tile=16, tiles=2, warps_k=3, unroll=1, ki=0, bulk=2, early=True), 13, 48, 1536),
+    (wg(m_tile=8, tiles=8, warps_k=2, unroll=1, bulk=2), 1, 72, 512),
+    (wg(m_tile=16, tiles=1, warps_k=1, unroll=4, bulk=2), 9, 16, 1024),
+]
+
+
+def _operands(seed, m, n, k, ka, kb_):
+    rng = np.random.default_rng(seed)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    return x, w, scales(rng, ka, m, k, "a"), scales(rng, kb_, n, k, "b")
+
+
+@pytest.mark.parametrize("case", range(len(WG_CASES)))
+@pytest.mark.parametrize("kinds", [("block", "block"), ("tensor", "tensor"), ("row", "col"), ("row", "block")])
+def test_emulated_wg_kernel_matches_fp64_reference(case, kinds):
+    cfg, m, n, k = WG_CASES[case]
+    ka, kb_ = kinds
+    x, w, sa, sb = _operands(10 * case + len(ka), m, n, k, ka, kb_)
+    out, calls = emulate_wg(cfg, x, w, sa, sb, KIND_CODES[ka], KIND_CODES[kb_])
+    ok, rel = close(out, ref64(x, w, sa, sb, ka, kb_), x, w)
+    assert ok, (cfg.key(), kinds, rel)
+    # one wgmma per 32-wide K step of every warpgroup's K blocks
+    assert calls == cfg.grid(n) * cfg.warps_k * cfg.iterations(k) * cfg.unroll * 4
+
+
+class _NoFence(fp8_wg.WgProgram):
+    def run(self, pre):
+        self.o = _SkipFence(self.o)
+        return super().run(pre)
+
+
+class _SkipFence:
+    def __init__(self, ops):
+        self._ops = ops
+
+    def fence_async(self):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+class _EarlyRefill(fp8_wg.WgProgram):
+    def _issue_mma(self, it):  # refills the stage it is about to read from, before waiting
+        parts = super()._issue_mma(it)
+        if self.issue_w(it + self.S):
+            self.o.cp_commit()
+            self.groups.append(("w", it + self.S))
+        return parts
+
+
+class _SwappedDesc(fp8_wg.WgProgram):
+    def setup_wg(self, ring, xbuf, wtid, bar_id):
+        super().setup_wg(ring, xbuf, wtid, bar_id)
+        self.desc_w0 = self.o.make_desc(self.ring, fp8_wg.desc_bits(self.sbo_w, 128))  # LBO <-> SBO
+
+
+@pytest.mark.parametrize("program,message", [
+    (_NoFence, "not landed, fenced"),
+    (_EarlyRefill, "pending wgmma reads"),
+    (_SwappedDesc, None),
+])
+def test_emulator_catches_wg_mistakes(program, message):
+    """Negative controls: a missing async-proxy fence, a refill of a stage a wgmma in flight
+    reads, and the weights' descriptor with its two offsets exchanged (wrong products, or reads
+    of bytes never copied)."""
+    cfg, m, n, k = wg(m_tile=16, tiles=2, warps_k=1, unroll=1, bulk=2), 6, 32, 512
+    x, w, sa, sb = _operands(5, m, n, k, "block", "block")
+    good, _ = emulate_wg(cfg, x, w, sa, sb, 2, 2)
+    assert close(good, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
+    if message is None:
+        try:
+            bad, _ = emulate_wg(cfg, x, w, sa, sb, 2, 2, program=program)
+        except AssertionError:
+            return
+        assert not close(bad, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
+    else:
+        with pytest.raises(AssertionError, match=message):
+            emulate_wg(cfg, x, w, sa, sb, 2, 2, program=program)
+
+
+def test_wg_descriptor_bits():
+    """Start address >> 4 in bits 0..13, leading offset >> 4 in 16..29, stride offset >> 4 in
+    32..45, no swizzle (PTX ISA matrix descriptor)."""
+    bits = fp8_wg.desc_bits(256, 128)
+    assert bits == (16 << 16) | (8 << 32)
+    d = int(WgOps.make_desc(np.int64(0x1230), bits))
+    assert d & 0x3FFF == 0x123 and (d >> 16) & 0x3FFF == 16 and (d >> 32) & 0x3FFF == 8 and d >> 62 == 0
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("warps_n", 2, "warps_n is 1"), ("bulk", 0, "bulk (stages) is 2..8"), ("bulk", 1, "bulk (stages) is 2..8"),
+    ("tiles", 3, "tiles must be"), ("tiles", 16, "tiles must be"), ("depth", 2, "depth 1"), ("l2pre", 2, "l2pre 0"),
+    ("unroll", 4, "160 registers"),
+])
+def test_wg_config_errors(field, value, words):
+    base = dict(m_tile=16, tiles=8 if field == "unroll" else 2, warps_k=1, unroll=1, bulk=2)
+    base[field] = value
+    why = wg(**base).check(16, 1024, 2048)
+    assert why is not None and words in why, why
+
+
+def test_wg_shared_memory_and_threads():
+    """A warpgroup per warps_k, its ring (S stages of 8 * tiles rows x unroll K blocks) and x
+    buffer (its K range x 16 bytes per token row, padded), a second reduction half."""
+    c = wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3)
+    k = 2048
+    assert c.threads() == 256
+    x = c.iterations(k) * 2 * 8 * 16 * 16 + fp8_wg.XPAD
+    assert c.smem_bytes(k) == 2 * (3 * 16 * 2 * 128 + x) + 2 * 4 * 2 * 2 * 16 * 8
+    assert fp8_wg.wg_x_bytes(c, k) == x
+    big = wg(m_tile=16, tiles=8, warps_k=1, unroll=1, bulk=8)
+    assert "shared memory" in big.check(16, 1024, 7168 * 2)
+
+
+def test_wg_grid_candidates():
+    for m, (n, k) in ((8, SHAPES["qkv_a"]), (16, SHAPES["o_proj"]), (16, SHAPES["qkvg"])):
+        grid = fp8.fp8_wg_grid(m, n, k)
+        assert grid[0] == fp8.default_fp8_config(m, n, k) and len(grid) > 10
+        for c in grid[1:]:
+            assert c.wg and c.check(m, n, k) is None and c.bulk <= c.iterations(k)
+            per = blocks_per_sm(c, k=k)
+            assert c.grid(n) <= fp8.SMS * per, c.key()
+
+
+def test_ptx_of_wg_kernel():
+    """What the trace emits: one wgmma m64nNk32 e4m3 per K step of every iteration, the first S
+    stages' copies before griddepcontrol.wait and x's after it, no mma.sync, no conversion; the
+    SASS has the native fp8 QGMMA and nothing spilled."""
+    need_cutlass()
+    cfg, n, k = wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3), 2112, 7168
+    ptx = fp8.compile_fp8_for_arch(cfg, n, k)
+    nit = cfg.iterations(k)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3") == nit * 2 * 4
+    wait = ptx.index("griddepcontrol.wait")
+    pieces = 16 * 2 * 8 // 128  # 16-byte weight pieces per thread and stage
+    assert ptx.count("cp.async.cg.shared.global", 0, wait) == 3 * pieces
+    assert ptx.count("cp.async.cg.shared.global") == nit * pieces + nit * 16 * 2 * 8 // 128
+    assert "mma.sync" not in ptx and "cvt.rn.f16x2.e4m3x2" not in ptx and ".local" not in ptx
+    sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
+    assert sass.count("QGMMA.64x16x32.F32.E4M3.E4M3") == nit * 2 * 4
+    assert "STL" not in sass and "LDL" not in sass
+
+
+# ---- on a GPU ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [3, 16])
+def test_gpu_wg_configs(m):
+    """A sample of fp8_wg_grid against the fp32 reference, poisoned outputs, at three shapes."""
+    from tests.test_cute_fp8_gpu import _check_gpu, _gpu_operands
+
+    for name in ("qkv_a", "o_proj", "qkvg"):
+        n, k = SHAPES[name]
+        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=51 + m)
+        ref = fp8.dequant_reference(x, w, sa, sb)
+        for cfg in fp8.fp8_wg_grid(m, n, k)[1::6]:
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+            torch.cuda.synchronize()
+            _check_gpu(out, ref, f"{name} {cfg.key()}", 6e-3)
+        cfg = fp8.fp8_wg_grid(m, n, k)[1]  # per-row / per-column scales, fp32 out
+        x, w, sa, sb = _gpu_operands(m, n, k, "row", "col", seed=61 + m)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+        fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+        torch.cuda.synchronize()
+        _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), f"{name} {cfg.key()} row/col fp32", 6e-3)
