@@ -484,6 +484,12 @@ def gpu_test_kernels() -> set:
         for n, k in ((2112, 7168), (7168, 2048)):
             for c in [c for c in fp8.fp8_pre_grid(m, n, k) if c.l2pre][::4]:
                 out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
+    for m in (3, 16):  # test_gpu_wg_configs
+        for n, k in ((2112, 7168), (7168, 2048), (6144, 7168)):
+            grid = fp8.fp8_wg_grid(m, n, k)
+            for c in grid[1::6]:
+                out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
+            out.add(("fp8", grid[1].to_json(), n, k, "row", "col", "float32"))
     return out
 
 

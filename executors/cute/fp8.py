@@ -43,7 +43,10 @@ are loaded before ``griddepcontrol.wait``, x and scale_a after it.
 Weights reach the mma either straight into registers (``depth`` iterations ahead) or, with
 ``Fp8Config.bulk`` = S, through a per-warp ring of S shared-memory stages filled by TMA bulk
 copies that complete on an mbarrier per stage (fp8_lane.py describes the protocol); x and its
-scales are loaded ``xahead`` iterations ahead. The measured table picks per shape and M bucket.
+scales are loaded ``xahead`` iterations ahead. ``Fp8Config.wg`` selects the warpgroup kernel
+instead (fp8_wg.py): Hopper's native fp8 wgmma with both operands in shared memory, so neither
+operand is converted (tokens as the wgmma's M, 8 * tiles weight rows per warpgroup as its N).
+The measured table picks per shape and M bucket.
 """
 
 from __future__ import annotations
@@ -230,7 +233,8 @@ def _out_code(out_dtype) -> int:
 
 # the files the kernel is built from (part of its disk-cache key; a test checks it covers the
 # package modules fp8_kernels.py and fp8_lane.py import)
-KERNEL_SOURCES = ("fp8.py", "fp8_config.py", "fp8_lane.py", "fp8_kernels.py", "ptx.py", "kernels.py")
+KERNEL_SOURCES = ("fp8.py", "fp8_config.py", "fp8_lane.py", "fp8_wg.py", "fp8_kernels.py", "ptx.py", "ptx_wg.py",
+                  "kernels.py")
 
 
 def _tag(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int, arch: str) -> tuple[str, str]:
