@@ -1,11 +1,12 @@
 """CPU emulator of the warpgroup fp8 GEMM (Fp8Config.wg): runs executors.cute.fp8_wg.WgProgram
-on numpy vectors of a warpgroup's 128 threads. wgmma reads its operands through the shared-memory
-matrix descriptors as the PTX ISA's canonical K-major layout without swizzle defines them (byte
-(row, k) at start + (row % 8) * 16 + (row // 8) * SBO + k % 16 + (k // 16) * LBO) and returns the
-accumulator fragment of m64nNk32 (thread of warp w, lane (g, t): d[4i + e] = D[16w + g + 8 (e // 2),
-8i + 2t + e % 2]). A cp.async copy lands only when a cp.async.wait_group covers its group; wgmma
-refuses bytes that have not landed, been fenced to the async proxy and then met the warpgroup's
-barrier (x rows past m_tile excepted: they are never stored), and a copy into bytes that a
+on numpy vectors of a warpgroup's 128 threads. wgmma builds A[64, 32] from the threads' register
+fragments (warp w, lane (g, t): a0 / a2 = A[16w + g, 4t:4t+4] / [16 + 4t:20 + 4t], a1 / a3 the
+same of row 16w + g + 8, bytes low first), reads B through its shared-memory matrix descriptor as
+the PTX ISA's canonical K-major layout without swizzle defines it (byte (row, k) at start +
+(row % 8) * 16 + (row // 8) * SBO + k % 16 + (k // 16) * LBO) and returns the accumulator
+fragment of m64nNk32 (d[4i + e] = D[16w + g + 8 (e // 2), 8i + 2t + e % 2]). A cp.async copy lands
+only when a cp.async.wait_group covers its group; wgmma refuses bytes that have not landed, been
+fenced to the async proxy and then met the warpgroup's barrier, and a copy into bytes that a
 wgmma group not yet waited for reads is refused."""
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ def decode_desc(desc) -> tuple[int, int, int]:
 
 
 class WgOps(NumpyOps):
-    def __init__(self, mem: Memory, m_tile: int):
+    def __init__(self, mem: Memory):
         super().__init__(mem)
-        self.m_tile = m_tile
         self.wgmma_calls = 0
 
     def new_block(self, smem_bytes: int):
@@ -87,26 +87,38 @@ class WgOps(NumpyOps):
     def make_desc(addr, bits):
         return (np.asarray(addr, dtype=np.int64) >> 4 & DESC_START_MASK) | np.int64(bits)
 
-    def _operand(self, desc, rows: int, real_rows: int):
+    def _operand_b(self, desc, rows: int):
         start, lbo, sbo = decode_desc(desc)
         r = np.arange(rows)[:, None]
         k = np.arange(32)[None, :]
         addr = start + (r % 8) * 16 + (r // 8) * sbo + k % 16 + (k // 16) * lbo
         assert (addr >= 0).all() and (addr < self.smem.size).all(), "wgmma operand outside smem"
-        real = addr[:real_rows]
-        assert (self.state[real] == VISIBLE).all(), (
+        assert (self.state[addr] == VISIBLE).all(), (
             "wgmma reads bytes not landed, fenced to the async proxy and past the barrier")
         self.open_reads[addr.reshape(-1)] = True
         return e4m3_values(self.smem[addr])
 
+    @staticmethod
+    def _operand_a(a):
+        A = np.zeros((64, 32), dtype=np.uint8)
+        w = WLANES // 32
+        for reg, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 16), (8, 16))):
+            word = np.broadcast_to(np.asarray(a[reg], dtype=np.int64), (128,)) & 0xFFFFFFFF
+            for i in range(4):
+                A[16 * w + WG + dr, dk + 4 * WT + i] = (word >> (8 * i)) & 0xFF
+        return e4m3_values(A)
+
     def wg_fence(self):
         pass
 
-    def wgmma(self, da, db, d, fresh):
+    def ld_x32(self, addr):
+        return self.mem.read(addr, 4).copy().view("<u4").astype(np.int64).reshape(np.shape(addr))
+
+    def wgmma(self, a, db, d, fresh):
         self.wgmma_calls += 1
         n = 2 * len(d)
-        A = self._operand(da, 64, self.m_tile)
-        B = self._operand(db, n, n)
+        A = self._operand_a(a)
+        B = self._operand_b(db, n)
         D = A @ B.T
         w = WLANES // 32
         out = []
@@ -125,6 +137,10 @@ class WgOps(NumpyOps):
         self.wg_groups = self.wg_groups[len(self.wg_groups) - n:] if n else []
 
     @staticmethod
+    def keep_regs(vals):
+        pass
+
+    @staticmethod
     def fence_regs(vals):
         return list(vals)
 
@@ -139,7 +155,7 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
     w_base = mem.put_strided(w_u8, (k, 1), 1)
     sa_base = mem.put_strided(sa.astype(np.float32), (sa.shape[1], 1), 4)
     sb_base = mem.put_strided(sb.astype(np.float32), (sb.shape[1], 1), 4)
-    ops = WgOps(mem, cfg.m_tile)
+    ops = WgOps(mem)
     out = np.full((m, n), np.nan, dtype=np.float32)
     writes = np.zeros((m, n), dtype=np.int64)
     R, WK, MT = cfg.tiles, cfg.warps_k, cfg.m_tile
@@ -151,16 +167,14 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
         out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
 
     for bid in range(cfg.grid(n)):
-        probe = program(ops, cfg, n, k, a, b)
-        ring_all = WK * cfg.bulk * probe.stage_bytes
-        ops.new_block(128 + ring_all + WK * probe.x_bytes)
+        ops.new_block(128 + cfg.smem_bytes(k))
         red = np.full(WK * R * MT * 8, np.nan, dtype=np.float32)
         ln = None
         for wk in range(WK):
             n_tile0 = bid * 8 * R
             ln = program(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, WG, WT, wk, sb_base, sb.shape[1], 1)
-            ln.setup_wg(np.int64(128), np.int64(128 + ring_all), WLANES, wk + 1)
+            ln.setup_wg(np.int64(128), WLANES, wk + 1)
             pre = ln.preload()
             ln.setup_acts(x_base, k, m, WG, WT, sa_base, sa.shape[1], 1)
             acc = ln.run(pre)

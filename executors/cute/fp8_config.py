@@ -58,9 +58,9 @@ class Fp8Config:
     early: bool = False  # PDL: let the next kernel launch at this one's start instead of after
     # its wait (the next one's wait still waits for this grid to complete): its blocks are then
     # resident, loading their weights, during all of this kernel (no effect without pdl)
-    wg: bool = False  # warpgroup kernel (fp8_wg.py): wgmma on fp8 operands from shared memory,
-    # warps_k counts warpgroups of 128 threads, tiles * 8 weight rows are the wgmma N, the
-    # weights stream through a cp.async ring of `bulk` stages (no conversion, no mma.sync)
+    wg: bool = False  # warpgroup kernel (fp8_wg.py): wgmma on fp8 operands, no conversion,
+    # from registers (x) and shared memory (the weights, through a cp.async ring of `bulk`
+    # stages); warps_k counts warpgroups of 128 threads, tiles * 8 weight rows are the wgmma N
     timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
     # weights are issued, past the PDL wait and at its end (gemm_fp8's `timeline` buffer)
 
@@ -72,13 +72,11 @@ class Fp8Config:
         return 8 * self.tiles * self.bulk_row_bytes()
 
     def smem_bytes(self, k: int = 0) -> int:
-        """Shared memory per block: the bulk rings with their mbarriers and the warps_k
-        reduction; with wg (which needs K) the weight rings and x buffers of its warpgroups."""
+        """Shared memory per block: the bulk rings with their mbarriers (with wg: the weight
+        rings of its warpgroups) and the warps_k reduction (k: unused, kept for callers)."""
         warps = self.warps_n * self.warps_k
         if self.wg:
-            assert k > 0, "the warpgroup kernel's shared memory depends on K"
-            x = self.iterations(k) * self.unroll * 8 * 16 * self.m_tile + 1024  # fp8_wg.wg_x_bytes
-            ring = self.warps_k * (self.bulk * 8 * self.tiles * self.unroll * BLOCK + x)
+            ring = self.warps_k * self.bulk * 8 * self.tiles * self.unroll * BLOCK
         else:
             ring = warps * self.bulk * (self.bulk_stage_bytes() + 8) if self.bulk else 0
         red = 4 * warps * self.tiles * self.m_tile * 8 if self.warps_k > 1 else 0
@@ -178,9 +176,20 @@ def _wg_fields_ok(cfg: Fp8Config) -> str | None:
         return "wg: warps_n is 1 (a warpgroup's N is 8 * tiles)"
     if not 2 <= cfg.bulk <= 8 or cfg.depth != 1 or cfg.hw != 4 or cfg.l2pre:
         return "wg: bulk (stages) is 2..8; depth 1, hw 4 and l2pre 0 (unused there)"
-    if (2 * cfg.unroll + 1) * 4 * cfg.tiles > 160:
-        return "wg: two iterations of partials and the accumulator exceed 160 registers"
+    regs = wg_registers(cfg)
+    if regs > min(255, 65536 // cfg.threads()):
+        return (f"wg: about {regs} registers a thread (partials of two iterations, the "
+                f"accumulator, x fragments of xahead + 1 iterations) exceed what "
+                f"{cfg.threads()} threads may hold ({min(255, 65536 // cfg.threads())}); below it "
+                "ptxas spills and serializes the wgmma")
     return None
+
+
+def wg_registers(cfg: Fp8Config) -> int:
+    """Registers a thread of the warpgroup kernel needs, about: fp32 partials of two iterations
+    (4 * tiles per K block), the accumulator, the x fragments of xahead + 1 iterations (16 per
+    K block) and 32 for addresses and scales (ptxas used 72 and spilled where this says 136)."""
+    return 4 * cfg.tiles * (2 * cfg.unroll + 1) + 16 * cfg.unroll * (cfg.xahead + 1) + 32
 
 
 def scale_kind(scale_shape, rows: int, k: int, operand: str) -> str:
@@ -487,8 +496,8 @@ def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list
     rows per warpgroup (tiles 1..8), warpgroups along K (up to 8), unroll, ring stages, K order
     and the early launch. Kept: what fits (shared memory, registers) with the whole grid resident,
     ranked by the busiest SM's share of the weight rows, then by at least 48 KiB of weights in
-    flight per SM, then by more warpgroups per SM; the best `limit`, at most three per block
-    shape."""
+    flight per SM, then by more warpgroups per SM; the best `limit` // 4 of each tiles value, at
+    most three per block shape."""
     base = default_fp8_config(m, n, k, sms)
     kb = k // BLOCK
     scored: list[tuple] = []
@@ -510,13 +519,12 @@ def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list
                             scored.append((round(busiest, 2), inflight < 48 * 1024, -wk * per, ki == 0,
                                            st, early, c))
     scored.sort(key=lambda e: e[:6])
-    out, per_shape = [base], {}
-    for *_, c in scored:  # at most three per block shape (stages, K order, early launch)
+    out, per_shape, per_tiles = [base], {}, {}
+    for *_, c in scored:  # the best of each wgmma N alike, at most three per block shape
         shape = (c.tiles, c.warps_k, c.unroll)
-        if len(out) > limit:
-            break
-        if per_shape.get(shape, 0) < 3:
+        if per_shape.get(shape, 0) < 3 and per_tiles.get(c.tiles, 0) < limit // 4:
             per_shape[shape] = per_shape.get(shape, 0) + 1
+            per_tiles[c.tiles] = per_tiles.get(c.tiles, 0) + 1
             out.append(c)
     return out
 

@@ -19,7 +19,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
-from .fp8_wg import WgProgram, wg_x_bytes
+from .fp8_wg import WgProgram
 from .kernels import _imin, _SmemAllocator
 from .ptx import (
     bulk_g2s,
@@ -44,6 +44,8 @@ from .ptx_wg import (
     cp_wait,
     fence_async,
     fence_regs,
+    keep_regs,
+    ld_x32,
     make_desc,
     wg_commit,
     wg_fence,
@@ -146,6 +148,8 @@ class _Ops:
     wgmma = staticmethod(wgmma_e4m3)
     make_desc = staticmethod(make_desc)
     fence_regs = staticmethod(fence_regs)
+    ld_x32 = staticmethod(ld_x32)
+    keep_regs = staticmethod(keep_regs)
 
 
 @cute.jit
@@ -212,9 +216,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         if cutlass.const_expr(cfg.wg):
             ring = smem.allocate_tensor(Int32, cute.make_layout(WK * cfg.bulk * 8 * R * cfg.unroll * 32),
                                         byte_alignment=128)
-            xbuf = smem.allocate_tensor(Int32, cute.make_layout(WK * wg_x_bytes(cfg, K) // 4),
-                                        byte_alignment=128)
-            ln.setup_wg(Int32(ring.iterator.toint()), Int32(xbuf.iterator.toint()), tid % 128, wk + 1)
+            ln.setup_wg(Int32(ring.iterator.toint()), tid % 128, wk + 1)
         pre = ln.preload()
         if cutlass.const_expr(tl is not None):
             _tl_stamp(tl, tid, bid, 1)

@@ -1,31 +1,28 @@
 """The warpgroup program of the fp8 skinny GEMM (Fp8Config.wg), written once over an ``ops``
 namespace like fp8_lane.LaneProgram: fp8_kernels.py traces it with CuTe DSL values and inline
-PTX (executors/cute/ptx_wg.py), tests/fp8emu.py runs it on numpy vectors of a warpgroup's 128
-threads with wgmma emulated from the shared-memory matrix descriptors.
+PTX (executors/cute/ptx_wg.py), tests/fp8emu_wg.py runs it on numpy vectors of a warpgroup's 128
+threads with wgmma emulated from its register fragment and shared-memory matrix descriptor.
 
 Hopper's fp8 tensor cores are reached only through wgmma (mma.sync e4m3 is lowered to f16
 conversions plus f16 mma, which is what the lane program does by hand): no conversion per byte,
-no f16 mma. Transposed problem: D[64, NW] = X[64, K] . W[NW, K]^T, the tokens are wgmma's M
-(64 rows, of which the first m_tile are x's, clamped to M - 1; the rest read other bytes of the
-x buffer and are never stored), a warpgroup's NW = 8 * tiles weight rows are its N.
+no f16 mma. Transposed problem: D[64, NW] = X[64, K] . W[NW, K]^T, the tokens are wgmma's M (64
+rows; every warp of the warpgroup holds the x rows g and g + 8, clamped to M - 1, as the A
+fragment of its 16 rows, so rows 16..63 repeat rows 0..15 and only warp 0's are stored), a
+warpgroup's NW = 8 * tiles weight rows are its N.
 
-Shared memory per warpgroup (no swizzle, K-major canonical layouts: 16-byte pieces of 8
-consecutive rows form one 128-byte core matrix):
+A (x) comes from registers: per 32-wide K step, lane (g, t) holds the 4-byte words of x at K
+offsets 4t and 16 + 4t of rows g (a0, a2) and g + 8 (a1, a3; zeros at m_tile 8), loaded xahead
+iterations ahead (after the PDL wait: x is the previous kernel's output). B (the weights) comes
+from a ring of S = ``bulk`` shared-memory stages per warpgroup, one per iteration (``unroll`` K
+blocks), in the K-major canonical layout without swizzle: 16-byte piece (row n, chunk c) at
+(n // 8) * SBO + c * 128 + (n % 8) * 16, SBO = 8 * unroll * 128, the leading (K) offset 128.
 
-* a ring of S = ``bulk`` stages of its weights, one per iteration (``unroll`` K blocks): piece
-  (row n, chunk c) at (n // 8) * SBO_W + c * 128 + (n % 8) * 16, SBO_W = 8 * unroll * 128, the
-  leading (K) offset 128;
-* its x rows over its whole K range: piece (token m, chunk q) at q * XLBO + (m // 8) * 128 +
-  (m % 8) * 16, XLBO = 16 * m_tile (the leading offset), 128 the stride of 8-row groups, and 1 KiB
-  of padding for the rows past m_tile.
-
-Every thread copies 16-byte pieces with cp.async (weights: the first S iterations before the PDL
-wait, one commit group per stage; x: all of it right after the wait, one group per iteration).
-Iteration it waits for the groups of its stage and of its x chunks, fences them to the async proxy and meets the
-warpgroup's named barrier, issues 4 * unroll wgmma m64nNWk32 (each K block into a fresh
-partial), commits them; then waits for the previous iteration's group, promotes its partials
-with the block scales (fp8_lane's promote) and, after a second barrier, refills the previous
-iteration's stage with iteration it - 1 + S.
+Every thread copies 16-byte weight pieces with cp.async (the first S iterations before the PDL
+wait), one commit group per stage. Iteration it waits for its stage's group, fences it to the
+async proxy and meets the warpgroup's named barrier, issues 4 * unroll wgmma m64nNWk32 (each K
+block into a fresh partial) and commits them; then waits for the previous iteration's group,
+promotes its partials with the block scales (fp8_lane's promote) and, after a second barrier,
+refills the previous iteration's stage with iteration it - 1 + S.
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ from __future__ import annotations
 from .fp8_config import BLOCK, Fp8Config
 from .fp8_lane import LaneProgram
 
-XPAD = 1024  # bytes past a warpgroup's x buffer that rows m_tile..63 of its last wgmma may read
 DESC_START_MASK = 0x3FFF  # a descriptor's start address: 14 bits of (shared address >> 4)
 
 
@@ -51,19 +47,15 @@ class WgProgram(LaneProgram):
         self.NW = 8 * self.R
         self.stage_bytes = self.NW * self.U * BLOCK
         self.sbo_w = 8 * self.U * BLOCK
-        self.xlbo = 16 * self.MT
-        self.x_bytes = wg_x_bytes(cfg, k)
         self.pieces_w = self.NW * self.U * 8  # 16-byte pieces of one stage
 
     # ---- set-up ---------------------------------------------------------------------
-    def setup_wg(self, ring, xbuf, wtid, bar_id):
-        """This warpgroup's ring and x buffer (shared addresses), its thread index 0..127 and
-        named barrier."""
+    def setup_wg(self, ring, wtid, bar_id):
+        """This warpgroup's ring (shared address of the block's rings), its thread index
+        0..127 and named barrier."""
         o = self.o
         self.wtid, self.bar_id = wtid, bar_id
         self.ring = ring + self.wk * o.Int32(self.S * self.stage_bytes)
-        self.xbuf = xbuf + self.wk * o.Int32(self.x_bytes)
-        self.desc_x0 = o.make_desc(self.xbuf, desc_bits(self.xlbo, 128))
         self.desc_w0 = o.make_desc(self.ring, desc_bits(128, self.sbo_w))
         # weights: thread wtid copies row wtid % NW of chunks wtid // NW + i * (128 // NW)
         row = wtid % self.NW
@@ -74,10 +66,8 @@ class WgProgram(LaneProgram):
     def setup_acts(self, x_base, sx, m_rows, g, t, sa_base, sas0, sas1):
         super().setup_acts(x_base, sx, m_rows, g, t, sa_base, sas0, sas1)
         o = self.o
-        m = self.wtid % self.MT
-        self.x_chunk0 = self.wtid // self.MT
-        self.x_src = x_base + o.Int64(o.imin(m, m_rows - 1)) * o.Int64(sx)
-        self.x_dst = self.xbuf + (m // 8) * o.Int32(128) + (m % 8) * o.Int32(16)
+        self.xa_g = x_base + self.rg * o.Int64(sx) + o.Int64(t * 4)
+        self.xa_h = x_base + self.rh * o.Int64(sx) + o.Int64(t * 4)
 
     # ---- copies -----------------------------------------------------------------------
     def _kb_of_local(self, j):
@@ -102,17 +92,21 @@ class WgProgram(LaneProgram):
             o.cp_async(dst, src, c, 8 * self.U)
         return True
 
-    def issue_x(self, it):
-        """Copies of iteration it's x chunks (token rows x unroll K blocks) into the buffer."""
+    def load_xa(self, it):
+        """A fragments of iteration it, index u * 4 + j (32-wide K step j of unroll step u)."""
         o = self.o
-        step = 128 // self.MT
-        nq = self.U * 8  # chunks of one iteration
-        for i in range(-(-self.MT * nq // 128)):
-            c = self.x_chunk0 + i * step  # chunk of the iteration: its K block c // 8
-            kb = self._kb_of_local(it * self.U + c // 8)
-            src = self.x_src + o.Int64(kb * BLOCK + (c % 8) * 16)
-            q = it * nq + c  # chunk of the buffer
-            o.cp_async(self.x_dst + q * o.Int32(self.xlbo), src, c, nq)
+        out = []
+        for u in range(self.U):
+            kb = self.kb(it, u)
+            for j in range(4):
+                off = [o.Int64(kb * BLOCK + 32 * j + 16 * h) for h in range(2)]
+                g0, g1 = o.ld_x32(self.xa_g + off[0]), o.ld_x32(self.xa_g + off[1])
+                if self.MT == 16:
+                    h0, h1 = o.ld_x32(self.xa_h + off[0]), o.ld_x32(self.xa_h + off[1])
+                else:
+                    h0 = h1 = o.Int32(0)
+                out.append([g0, h0, g1, h1])
+        return out
 
     # ---- the program ------------------------------------------------------------------
     def preload(self):
@@ -130,7 +124,7 @@ class WgProgram(LaneProgram):
         newest = max(self.groups.index(lab) for lab in labels)
         self.o.cp_wait(len(self.groups) - 1 - newest)
 
-    def _issue_mma(self, it):
+    def _issue_mma(self, it, xa):
         """Iteration it's wgmma: per unroll step a fresh partial over its 4 k32 steps."""
         o = self.o
         parts = []
@@ -138,10 +132,8 @@ class WgProgram(LaneProgram):
         for u in range(self.U):
             d = [o.Float32(0.0)] * (4 * self.R)
             for j in range(4):
-                q = (it * self.U + u) * 8 + 2 * j  # x buffer chunk
-                da = self.desc_x0 + o.Int64(q * self.xlbo >> 4)
                 db = self.desc_w0 + o.Int64((s * self.stage_bytes + (u * 8 + 2 * j) * 128) >> 4)
-                d = o.wgmma(da, db, d, j == 0)
+                d = o.wgmma(xa[u * 4 + j], db, d, j == 0)
             parts.append(d)
         o.wg_commit()
         return parts
@@ -157,23 +149,24 @@ class WgProgram(LaneProgram):
     def run(self, pre):
         o = self.o
         sbq = pre[1]
-        for it in range(self.NIT):  # x is the previous kernel's output: all of it now, a group
-            self.issue_x(it)        # per iteration so iteration 0 need not wait for the rest
-            o.cp_commit()
-            self.groups.append(("x", it))
+        xq = [self.load_xa(i) for i in range(min(self.XA, self.NIT))]
         acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
         prev = None
         for it in range(self.NIT):
-            self._wait_for(("w", it), ("x", it))
+            self._wait_for(("w", it))
             o.fence_async()
             o.bar_wg(self.bar_id)
             if it + self.XA < self.NIT:
                 sbq.append(self.load_sb(it + self.XA))
+            if it + self.XA < self.NIT:
+                xq.append(self.load_xa(it + self.XA))
             sa = self.load_sa(it)
             o.wg_fence()
-            parts = self._issue_mma(it)
+            parts = self._issue_mma(it, xq[it])
             if prev is not None:
                 o.wg_wait(1)  # the previous iteration's wgmma are done
+                o.keep_regs([v for frag in xq[it - 1] for v in frag])  # their A registers too
+                xq[it - 1] = None
                 acc = self._promote_parts(acc, *prev)
                 o.bar_wg(self.bar_id)  # every warp is past its reads of that stage
                 if self.issue_w(it - 1 + self.S):
@@ -182,10 +175,5 @@ class WgProgram(LaneProgram):
             prev = (parts, sa, sbq[it])
             sbq[it] = None
         o.wg_wait(0)
+        o.keep_regs([v for frag in xq[self.NIT - 1] for v in frag])
         return self._promote_parts(acc, *prev)
-
-
-def wg_x_bytes(cfg: Fp8Config, k: int) -> int:
-    """Shared-memory bytes of one warpgroup's x buffer (its K range, 16 * m_tile bytes per
-    16-byte chunk column, and the padding)."""
-    return cfg.iterations(k) * cfg.unroll * 8 * 16 * cfg.m_tile + XPAD

@@ -1,7 +1,8 @@
 """Inline-PTX operations of the warpgroup fp8 GEMM (Fp8Config.wg; imports cutlass: load lazily):
 16-byte cp.async copies into shared memory with their commit groups, the async-proxy fence, a
-named barrier per warpgroup, shared-memory matrix descriptors and wgmma (fp8 e4m3 x e4m3, fp32
-accumulate, both operands from shared memory) with its fence, commit and wait."""
+named barrier per warpgroup, 4-byte activation loads, shared-memory matrix descriptors and wgmma
+(fp8 e4m3 x e4m3, fp32 accumulate, A from registers, B from shared memory) with its fence,
+commit and wait."""
 
 from __future__ import annotations
 
@@ -68,6 +69,13 @@ def make_desc(addr: Int32, bits: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def keep_regs(vals, *, loc=None, ip=None):
+    """An empty volatile asm reading these 32-bit values: their registers stay allocated (not
+    reused for later loads) until this point, past the wgmma wait that ends their reads."""
+    _asm("", ",".join(["r"] * len(vals)), [Int32(v).ir_value(loc=loc, ip=ip) for v in vals])
+
+
+@dsl_user_op
 def fence_regs(vals, *, loc=None, ip=None):
     """The fp32 values through an empty volatile asm: uses of the results stay after the
     wgmma wait before it (the compiler cannot hoist them above it)."""
@@ -81,20 +89,32 @@ def fence_regs(vals, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def wgmma_e4m3(desc_a: Int64, desc_b: Int64, d, fresh: bool, *, loc=None, ip=None):
-    """D[64, N] (+)= A[64, 32] . B[N, 32]^T, e4m3 operands from shared memory (K-major), fp32 D
-    in N / 2 registers per thread (N = 2 * len(d)); fresh: D is not read (scale-d 0)."""
-    n = 2 * len(d)
+def ld_x32(addr: Int64, *, loc=None, ip=None):
+    """4-byte coherent load (activations, written by the previous kernel)."""
+    return Int32(llvm.inline_asm(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                                 "ld.global.b32 $0, [$1];", "=r,l", has_side_effects=True,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def wgmma_e4m3(a, desc_b: Int64, d, fresh: bool, *, loc=None, ip=None):
+    """D[64, N] (+)= A[64, 32] . B[N, 32]^T, e4m3: A from 4 registers per thread (the m16 x k32
+    fragment of each warp's 16 rows), B from shared memory (K-major descriptor); fp32 D in N / 2
+    registers per thread (N = 2 * len(d)). fresh: D is only written (scale-d 0), so `d` is not
+    an input at all (a zero copied into the accumulators inside the wgmma pipeline makes ptxas
+    wait after every wgmma)."""
     nd = len(d)
+    n = 2 * nd
     outs = ", ".join(f"${i}" for i in range(nd))
     text = ("{\n\t.reg .pred p;\n\t" f"setp.ne.b32 p, {0 if fresh else 1}, 0;\n\t"
             f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
-            f"{{{outs}}}, ${nd}, ${nd + 1}, p, 1, 1;\n\t}}")
-    cons = ",".join(["=f"] * nd + ["l", "l"] + [str(i) for i in range(nd)])
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * nd),
-        [Int64(desc_a).ir_value(loc=loc, ip=ip), Int64(desc_b).ir_value(loc=loc, ip=ip)]
-        + [Float32(v).ir_value(loc=loc, ip=ip) for v in d],
-        text, cons, has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT)
+            f"{{{outs}}}, {{${nd}, ${nd + 1}, ${nd + 2}, ${nd + 3}}}, ${nd + 4}, p, 1, 1;\n\t}}")
+    ins = [Int32(v).ir_value(loc=loc, ip=ip) for v in a] + [Int64(desc_b).ir_value(loc=loc, ip=ip)]
+    cons = ["=f"] * nd + ["r"] * 4 + ["l"]
+    if not fresh:
+        ins += [Float32(v).ir_value(loc=loc, ip=ip) for v in d]
+        cons += [str(i) for i in range(nd)]
+    res = llvm.inline_asm(llvm.StructType.get_literal([T.f32()] * nd), ins, text, ",".join(cons),
+                          has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT)
     return [Float32(llvm.extractvalue(T.f32(), res, [i])) for i in range(nd)]
