@@ -6,8 +6,9 @@ the PTX ISA's canonical K-major layout without swizzle defines it (byte (row, k)
 (row % 8) * 16 + (row // 8) * SBO + k % 16 + (k // 16) * LBO) and returns the accumulator
 fragment of m64nNk32 (d[4i + e] = D[16w + g + 8 (e // 2), 8i + 2t + e % 2]). A cp.async copy lands
 only when a cp.async.wait_group covers its group; wgmma refuses bytes that have not landed, been
-fenced to the async proxy and then met the warpgroup's barrier, and a copy into bytes that a
-wgmma group not yet waited for reads is refused."""
+fenced to the async proxy and then met the warpgroup's barrier (shared loads of x alike), and a
+copy into bytes that a wgmma group not yet waited for reads, or that a thread read before the
+last barrier, is refused."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.fp8emu import Memory, NumpyOps, e4m3_values
 
 WLANES = np.arange(128)
 WG, WT = WLANES % 32 // 4, WLANES % 4
-LANDED, FENCED, VISIBLE = 2, 3, 4  # byte states past "in flight" (1)
+LANDED, FENCED = 2, 3  # byte states past "in flight" (1)
 
 
 def decode_desc(desc) -> tuple[int, int, int]:
@@ -39,6 +40,8 @@ class WgOps(NumpyOps):
     def new_block(self, smem_bytes: int):
         super().new_block(smem_bytes)
         self.state = np.zeros(self.smem.size, dtype=np.int8)
+        self.gvis = np.zeros(self.smem.size, dtype=bool)  # landed, then a barrier: shared loads
+        self.avis = np.zeros(self.smem.size, dtype=bool)  # fenced, then a barrier: wgmma
         self.open_cp, self.cp_groups = [], []
         self.open_reads, self.wg_groups = np.zeros(self.smem.size, dtype=bool), []
 
@@ -58,10 +61,12 @@ class WgOps(NumpyOps):
             assert d % 16 == 0 and 0 < d and d + 16 <= self.smem.size, f"cp.async into smem {d}"
             span = slice(d, d + 16)
             assert (self.state[span] != 1).all(), "two copies in flight into the same bytes"
+            assert not self.read_unsynced[span].any(), "copy into bytes read before the last barrier"
             for reads in self.wg_groups + [self.open_reads]:
                 assert not reads[span].any(), "copy into bytes a pending wgmma reads"
             self.open_cp.append((d, self.mem.read(np.array([s]), 16)[0].copy()))
             self.state[span] = 1
+            self.gvis[span] = self.avis[span] = False
 
     def cp_commit(self):
         self.cp_groups.append(self.open_cp)
@@ -80,7 +85,9 @@ class WgOps(NumpyOps):
 
     def bar_wg(self, bar_id):
         assert np.unique(self._vec(bar_id)).size == 1, "one named barrier per warpgroup"
-        self.state[self.state == FENCED] = VISIBLE
+        self.gvis |= self.state >= LANDED
+        self.avis |= self.state == FENCED
+        self.read_unsynced[:] = False
 
     # ---- wgmma --------------------------------------------------------------------
     @staticmethod
@@ -93,7 +100,7 @@ class WgOps(NumpyOps):
         k = np.arange(32)[None, :]
         addr = start + (r % 8) * 16 + (r // 8) * sbo + k % 16 + (k // 16) * lbo
         assert (addr >= 0).all() and (addr < self.smem.size).all(), "wgmma operand outside smem"
-        assert (self.state[addr] == VISIBLE).all(), (
+        assert self.avis[addr].all(), (
             "wgmma reads bytes not landed, fenced to the async proxy and past the barrier")
         self.open_reads[addr.reshape(-1)] = True
         return e4m3_values(self.smem[addr])
@@ -111,8 +118,13 @@ class WgOps(NumpyOps):
     def wg_fence(self):
         pass
 
-    def ld_x32(self, addr):
-        return self.mem.read(addr, 4).copy().view("<u4").astype(np.int64).reshape(np.shape(addr))
+    def ld_smem32(self, addr):
+        a = self._vec(addr)
+        assert (a % 4 == 0).all() and (a > 0).all() and (a + 4 <= self.smem.size).all()
+        idx = a[:, None] + np.arange(4)
+        assert self.gvis[idx].all(), "shared load of bytes not landed and past the barrier"
+        self.read_unsynced[idx] = True
+        return self.smem[idx].copy().view("<u4").astype(np.int64).reshape(128)
 
     def wgmma(self, a, db, d, fresh):
         self.wgmma_calls += 1

@@ -137,7 +137,9 @@ def test_wg_shared_memory_and_threads():
     a second reduction half."""
     c = wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3)
     assert c.threads() == 256
-    assert c.smem_bytes(2048) == 2 * 3 * 16 * 2 * 128 + 2 * 4 * 2 * 2 * 16 * 8
+    stage = 16 * 2 * 128 + 16 * (2 * 128 + 16)  # weights, then 16 x rows of 2 K blocks + 16
+    assert fp8_wg.wg_stage_bytes(c) == stage
+    assert c.smem_bytes(2048) == 2 * 3 * stage + 2 * 4 * 2 * 2 * 16 * 8
 
 
 def test_wg_grid_candidates():
@@ -152,9 +154,9 @@ def test_wg_grid_candidates():
 
 def test_ptx_of_wg_kernel():
     """What the trace emits: one wgmma m64nNk32 e4m3 (A from registers) per K step of every
-    iteration, the first S stages' copies before griddepcontrol.wait, x's 4-byte loads after it
-    (4 per step at m_tile 16), no mma.sync, no conversion; the SASS has the native fp8 QGMMA and
-    nothing spilled."""
+    iteration, the first S stages' weight copies before griddepcontrol.wait and every x copy
+    after it, A's 4-byte shared loads (4 per step at m_tile 16), no mma.sync, no conversion; the
+    SASS has the native fp8 QGMMA and nothing spilled."""
     need_cutlass()
     cfg, n, k = wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3), 2112, 7168
     ptx = fp8.compile_fp8_for_arch(cfg, n, k)
@@ -163,8 +165,9 @@ def test_ptx_of_wg_kernel():
     wait = ptx.index("griddepcontrol.wait")
     pieces = 16 * 2 * 8 // 128  # 16-byte weight pieces per thread and stage
     assert ptx.count("cp.async.cg.shared.global", 0, wait) == 3 * pieces
-    assert ptx.count("cp.async.cg.shared.global") == nit * pieces
-    assert ptx.count("ld.global.b32") == nit * 2 * 4 * 4 and ptx.find("ld.global.b32") > wait
+    assert ptx.count("cp.async.cg.shared.global") == nit * pieces + nit * 16 * 2 * 8 // 128
+    # A fragments, plus the warps_k reduction's reads of the other warpgroup's sums
+    assert ptx.count("ld.shared.b32") == nit * 2 * 4 * 4 + cfg.warps_k
     assert "mma.sync" not in ptx and "cvt.rn.f16x2.e4m3x2" not in ptx and ".local" not in ptx
     sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
     assert sass.count("QGMMA.64x16x32.F32.E4M3.E4M3") == nit * 2 * 4

@@ -75,8 +75,9 @@ class Fp8Config:
         """Shared memory per block: the bulk rings with their mbarriers (with wg: the weight
         rings of its warpgroups) and the warps_k reduction (k: unused, kept for callers)."""
         warps = self.warps_n * self.warps_k
-        if self.wg:
-            ring = self.warps_k * self.bulk * 8 * self.tiles * self.unroll * BLOCK
+        if self.wg:  # fp8_wg.wg_stage_bytes: weights, then the x rows padded to 128 bytes
+            x = self.m_tile * (self.unroll * BLOCK + 16)
+            ring = self.warps_k * self.bulk * (8 * self.tiles * self.unroll * BLOCK + -(-x // 128) * 128)
         else:
             ring = warps * self.bulk * (self.bulk_stage_bytes() + 8) if self.bulk else 0
         red = 4 * warps * self.tiles * self.m_tile * 8 if self.warps_k > 1 else 0
@@ -176,20 +177,20 @@ def _wg_fields_ok(cfg: Fp8Config) -> str | None:
         return "wg: warps_n is 1 (a warpgroup's N is 8 * tiles)"
     if not 2 <= cfg.bulk <= 8 or cfg.depth != 1 or cfg.hw != 4 or cfg.l2pre:
         return "wg: bulk (stages) is 2..8; depth 1, hw 4 and l2pre 0 (unused there)"
-    regs = wg_registers(cfg)
-    if regs > min(255, 65536 // cfg.threads()):
+    regs, cap = wg_registers(cfg), min(255, 65536 // (cfg.threads() * max(cfg.minb, 1)))
+    if regs > cap:
         return (f"wg: about {regs} registers a thread (partials of two iterations, the "
-                f"accumulator, x fragments of xahead + 1 iterations) exceed what "
-                f"{cfg.threads()} threads may hold ({min(255, 65536 // cfg.threads())}); below it "
-                "ptxas spills and serializes the wgmma")
+                f"accumulator, x fragments of two iterations) exceed what {cfg.threads()} threads "
+                f"x {max(cfg.minb, 1)} blocks per SM may hold ({cap}); below it ptxas spills and "
+                "serializes the wgmma")
     return None
 
 
 def wg_registers(cfg: Fp8Config) -> int:
     """Registers a thread of the warpgroup kernel needs, about: fp32 partials of two iterations
-    (4 * tiles per K block), the accumulator, the x fragments of xahead + 1 iterations (16 per
-    K block) and 32 for addresses and scales (ptxas used 72 and spilled where this says 136)."""
-    return 4 * cfg.tiles * (2 * cfg.unroll + 1) + 16 * cfg.unroll * (cfg.xahead + 1) + 32
+    (4 * tiles per K block), the accumulator, the A fragments of two iterations (16 per K block)
+    and 56 for addresses and scales (ptxas spilled at 128 where this said 120 with 40)."""
+    return 4 * cfg.tiles * (2 * cfg.unroll + 1) + 32 * cfg.unroll + 56
 
 
 def scale_kind(scale_shape, rows: int, k: int, operand: str) -> str:
@@ -494,7 +495,8 @@ def fp8_hold_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> li
 def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list[Fp8Config]:
     """The default, then warpgroup (wgmma) configs (`--sweep wg` of bench_fp8_gemm.py): weight
     rows per warpgroup (tiles 1..8), warpgroups along K (up to 8), unroll, ring stages, K order
-    and the early launch. Kept: what fits (shared memory, registers) with the whole grid resident,
+    and the early launch, each with the launch bound that keeps its whole grid resident. Kept:
+    what fits (shared memory, threads, the estimated registers under that bound),
     ranked by the busiest SM's share of the weight rows, then by at least 48 KiB of weights in
     flight per SM, then by more warpgroups per SM; the best `limit` // 4 of each tiles value, at
     most three per block shape."""
@@ -509,10 +511,11 @@ def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list
                         for early in (False, True):
                             c = Fp8Config(m_tile=base.m_tile, tiles=tiles, warps_k=wk, unroll=unroll,
                                           ki=ki, hw=4, bulk=st, early=early, wg=True)
-                            if st > c.iterations(k) or not _fits(c, m, n, k):
-                                continue
-                            per = resident_per_sm(c, n, sms, k=k)
-                            if not per or c.grid(n) > sms * per:
+                            per = _cdiv(c.grid(n), sms)  # a launch bound for one wave: the
+                            # registers of every block fit (fp8_config checks them against it)
+                            c = dataclasses.replace(c, minb=per if per > 1 else 0)
+                            if (st > c.iterations(k) or not _fits(c, m, n, k)
+                                    or blocks_per_sm(c, k=k) < per):
                                 continue
                             busiest = per * c.rows_per_block() * sms / n
                             inflight = st * 8 * tiles * unroll * BLOCK * wk * per

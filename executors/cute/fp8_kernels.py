@@ -45,7 +45,7 @@ from .ptx_wg import (
     fence_async,
     fence_regs,
     keep_regs,
-    ld_x32,
+    ld_smem32,
     make_desc,
     wg_commit,
     wg_fence,
@@ -148,7 +148,7 @@ class _Ops:
     wgmma = staticmethod(wgmma_e4m3)
     make_desc = staticmethod(make_desc)
     fence_regs = staticmethod(fence_regs)
-    ld_x32 = staticmethod(ld_x32)
+    ld_smem32 = staticmethod(ld_smem32)
     keep_regs = staticmethod(keep_regs)
 
 

@@ -10,19 +10,22 @@ rows; every warp of the warpgroup holds the x rows g and g + 8, clamped to M - 1
 fragment of its 16 rows, so rows 16..63 repeat rows 0..15 and only warp 0's are stored), a
 warpgroup's NW = 8 * tiles weight rows are its N.
 
-A (x) comes from registers: per 32-wide K step, lane (g, t) holds the 4-byte words of x at K
-offsets 4t and 16 + 4t of rows g (a0, a2) and g + 8 (a1, a3; zeros at m_tile 8), loaded xahead
-iterations ahead (after the PDL wait: x is the previous kernel's output). B (the weights) comes
-from a ring of S = ``bulk`` shared-memory stages per warpgroup, one per iteration (``unroll`` K
-blocks), in the K-major canonical layout without swizzle: 16-byte piece (row n, chunk c) at
-(n // 8) * SBO + c * 128 + (n % 8) * 16, SBO = 8 * unroll * 128, the leading (K) offset 128.
+Each warpgroup streams its K range through a ring of S = ``bulk`` shared-memory stages, one per
+iteration (``unroll`` K blocks). A stage holds B, the weights, in the K-major canonical layout
+without swizzle (16-byte piece (row n, chunk c) at (n // 8) * SBO + c * 128 + (n % 8) * 16,
+SBO = 8 * unroll * 128, the leading (K) offset 128), then the m_tile x rows of the same K blocks
+(row m at m * (unroll * 128 + 16)). A comes from registers: per 32-wide K step, lane (g, t)
+reads from the stage the 4-byte words at K offsets 4t and 16 + 4t of rows g (a0, a2) and g + 8
+(a1, a3; zeros at m_tile 8).
 
-Every thread copies 16-byte weight pieces with cp.async (the first S iterations before the PDL
-wait), one commit group per stage. Iteration it waits for its stage's group, fences it to the
-async proxy and meets the warpgroup's named barrier, issues 4 * unroll wgmma m64nNWk32 (each K
-block into a fresh partial) and commits them; then waits for the previous iteration's group,
-promotes its partials with the block scales (fp8_lane's promote) and, after a second barrier,
-refills the previous iteration's stage with iteration it - 1 + S.
+Every thread copies 16-byte pieces with cp.async: the first S stages' weights before the PDL
+wait (one commit group each), their x rows right after it (x is the previous kernel's output),
+later stages' weights and x together. Iteration it waits for its stage's groups, fences them to
+the async proxy and meets the warpgroup's named barrier, reads its A fragments, issues
+4 * unroll wgmma m64nNWk32 (each K block into a fresh partial) and commits them; then waits for
+the previous iteration's group, promotes its partials with the block scales (fp8_lane's
+promote; the activation and weight scales are loaded xahead iterations ahead) and, after a
+second barrier, refills the previous iteration's stage with iteration it - 1 + S.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ class WgProgram(LaneProgram):
     def __init__(self, ops, cfg: Fp8Config, n: int, k: int, a: int, b: int):
         super().__init__(ops, cfg, n, k, a, b)
         self.NW = 8 * self.R
-        self.stage_bytes = self.NW * self.U * BLOCK
+        self.w_bytes = self.NW * self.U * BLOCK  # a stage's weights, then its x rows
+        self.xrow = wg_x_row_bytes(cfg)
+        self.stage_bytes = wg_stage_bytes(cfg)
         self.sbo_w = 8 * self.U * BLOCK
-        self.pieces_w = self.NW * self.U * 8  # 16-byte pieces of one stage
+        self.pieces_w = self.NW * self.U * 8  # 16-byte pieces of one stage's weights
 
     # ---- set-up ---------------------------------------------------------------------
     def setup_wg(self, ring, wtid, bar_id):
@@ -66,8 +71,15 @@ class WgProgram(LaneProgram):
     def setup_acts(self, x_base, sx, m_rows, g, t, sa_base, sas0, sas1):
         super().setup_acts(x_base, sx, m_rows, g, t, sa_base, sas0, sas1)
         o = self.o
-        self.xa_g = x_base + self.rg * o.Int64(sx) + o.Int64(t * 4)
-        self.xa_h = x_base + self.rh * o.Int64(sx) + o.Int64(t * 4)
+        # x: thread wtid copies token row wtid % m_tile (clamped to M - 1) of chunks
+        # wtid // m_tile + i * (128 // m_tile)
+        m = self.wtid % self.MT
+        self.x_chunk0 = self.wtid // self.MT
+        self.x_src = x_base + o.Int64(o.imin(m, m_rows - 1)) * o.Int64(sx)
+        self.x_dst = self.ring + o.Int32(self.w_bytes) + m * o.Int32(self.xrow)
+        # A fragments: lane (g, t) reads rows g, g + 8 at 4t (+16) of each 32-wide K step
+        self.xa_g = self.ring + o.Int32(self.w_bytes) + g * o.Int32(self.xrow) + t * o.Int32(4)
+        self.xa_h = self.xa_g + o.Int32(8 * self.xrow)
 
     # ---- copies -----------------------------------------------------------------------
     def _kb_of_local(self, j):
@@ -78,9 +90,7 @@ class WgProgram(LaneProgram):
         return self.wk * (self.NIT * self.U) + j
 
     def issue_w(self, it):
-        """Copies of iteration it's weights into stage it % S (nothing past the last iteration)."""
-        if it >= self.NIT:
-            return False
+        """Copies of iteration it's weights into stage it % S."""
         o = self.o
         s = it % self.S
         step = 128 // self.NW  # chunks between one thread's pieces
@@ -90,38 +100,52 @@ class WgProgram(LaneProgram):
             src = self.w_src + o.Int64(kb * BLOCK + (c % 8) * 16)
             dst = self.w_dst + o.Int32(s * self.stage_bytes) + c * o.Int32(128)
             o.cp_async(dst, src, c, 8 * self.U)
-        return True
+
+    def issue_x(self, it):
+        """Copies of iteration it's x rows (unroll K blocks of each) into stage it % S."""
+        o = self.o
+        s = it % self.S
+        step = 128 // self.MT
+        for i in range(-(-self.MT * self.U * 8 // 128)):
+            c = self.x_chunk0 + i * step
+            kb = self._kb_of_local(it * self.U + c // 8)
+            src = self.x_src + o.Int64(kb * BLOCK + (c % 8) * 16)
+            o.cp_async(self.x_dst + o.Int32(s * self.stage_bytes) + c * o.Int32(16), src, c, 8 * self.U)
 
     def load_xa(self, it):
-        """A fragments of iteration it, index u * 4 + j (32-wide K step j of unroll step u)."""
+        """A fragments of iteration it from its stage, index u * 4 + j (32-wide K step j of
+        unroll step u)."""
         o = self.o
         out = []
+        base = o.Int32((it % self.S) * self.stage_bytes)
         for u in range(self.U):
-            kb = self.kb(it, u)
             for j in range(4):
-                off = [o.Int64(kb * BLOCK + 32 * j + 16 * h) for h in range(2)]
-                g0, g1 = o.ld_x32(self.xa_g + off[0]), o.ld_x32(self.xa_g + off[1])
+                off = [base + o.Int32(u * BLOCK + 32 * j + 16 * h) for h in range(2)]
+                g0, g1 = o.ld_smem32(self.xa_g + off[0]), o.ld_smem32(self.xa_g + off[1])
                 if self.MT == 16:
-                    h0, h1 = o.ld_x32(self.xa_h + off[0]), o.ld_x32(self.xa_h + off[1])
+                    h0, h1 = o.ld_smem32(self.xa_h + off[0]), o.ld_smem32(self.xa_h + off[1])
                 else:
                     h0 = h1 = o.Int32(0)
                 out.append([g0, h0, g1, h1])
         return out
 
     # ---- the program ------------------------------------------------------------------
+    def _commit(self, *labels):
+        self.o.cp_commit()
+        self.groups.append(set(labels))
+
     def preload(self):
         """Before the PDL wait: the first S iterations' weights (one commit group each) and the
-        first iteration's weight scales."""
+        first iterations' weight scales."""
         self.groups = []
         for i in range(self.first):
             self.issue_w(i)
-            self.o.cp_commit()
-            self.groups.append(("w", i))
+            self._commit(("w", i))
         return None, [self.load_sb(i) for i in range(min(self.XA, self.NIT))]
 
     def _wait_for(self, *labels):
-        """cp.async.wait_group for the newest of these groups."""
-        newest = max(self.groups.index(lab) for lab in labels)
+        """cp.async.wait_group for the newest group holding one of these copies."""
+        newest = max(i for i, grp in enumerate(self.groups) if grp & set(labels))
         self.o.cp_wait(len(self.groups) - 1 - newest)
 
     def _issue_mma(self, it, xa):
@@ -149,31 +173,45 @@ class WgProgram(LaneProgram):
     def run(self, pre):
         o = self.o
         sbq = pre[1]
-        xq = [self.load_xa(i) for i in range(min(self.XA, self.NIT))]
+        for i in range(self.first):  # x is the previous kernel's output: its first stages now
+            self.issue_x(i)
+            self._commit(("x", i))
+        saq = [self.load_sa(i) for i in range(min(self.XA, self.NIT))]
         acc = [[o.Float32(0.0)] * 4 for _ in range(self.R)]
         prev = None
         for it in range(self.NIT):
-            self._wait_for(("w", it))
+            self._wait_for(("w", it), ("x", it))
             o.fence_async()
             o.bar_wg(self.bar_id)
             if it + self.XA < self.NIT:
                 sbq.append(self.load_sb(it + self.XA))
-            if it + self.XA < self.NIT:
-                xq.append(self.load_xa(it + self.XA))
-            sa = self.load_sa(it)
+                saq.append(self.load_sa(it + self.XA))
+            xa = self.load_xa(it)
             o.wg_fence()
-            parts = self._issue_mma(it, xq[it])
+            parts = self._issue_mma(it, xa)
             if prev is not None:
                 o.wg_wait(1)  # the previous iteration's wgmma are done
-                o.keep_regs([v for frag in xq[it - 1] for v in frag])  # their A registers too
-                xq[it - 1] = None
-                acc = self._promote_parts(acc, *prev)
+                o.keep_regs([v for frag in prev[0] for v in frag])  # their A registers too
+                acc = self._promote_parts(acc, *prev[1:])
                 o.bar_wg(self.bar_id)  # every warp is past its reads of that stage
-                if self.issue_w(it - 1 + self.S):
-                    o.cp_commit()
-                    self.groups.append(("w", it - 1 + self.S))
-            prev = (parts, sa, sbq[it])
-            sbq[it] = None
+                if it - 1 + self.S < self.NIT:
+                    self.issue_w(it - 1 + self.S)
+                    self.issue_x(it - 1 + self.S)
+                    self._commit(("w", it - 1 + self.S), ("x", it - 1 + self.S))
+            prev = (xa, parts, saq[it], sbq[it])
+            saq[it] = sbq[it] = None
         o.wg_wait(0)
-        o.keep_regs([v for frag in xq[self.NIT - 1] for v in frag])
-        return self._promote_parts(acc, *prev)
+        o.keep_regs([v for frag in prev[0] for v in frag])
+        return self._promote_parts(acc, *prev[1:])
+
+
+def wg_x_row_bytes(cfg: Fp8Config) -> int:
+    """Shared-memory bytes per x row of a stage: unroll K blocks and 16 more, so lanes
+    (g, t) reading 4 bytes at g * row + 4t hit 32 distinct banks."""
+    return cfg.unroll * BLOCK + 16
+
+
+def wg_stage_bytes(cfg: Fp8Config) -> int:
+    """A stage: 8 * tiles weight rows x unroll K blocks, then m_tile x rows (128-byte aligned)."""
+    x = cfg.m_tile * wg_x_row_bytes(cfg)
+    return 8 * cfg.tiles * cfg.unroll * BLOCK + -(-x // 128) * 128
