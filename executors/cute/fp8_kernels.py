@@ -214,7 +214,8 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
             bars = smem.allocate_tensor(Int64, cute.make_layout(nw * cfg.bulk), byte_alignment=8)
             ln.setup_bulk(Int32(ring.iterator.toint()), Int32(bars.iterator.toint()), warp, lane, g, t)
         if cutlass.const_expr(cfg.wg):
-            ring = smem.allocate_tensor(Int32, cute.make_layout(WK * cfg.bulk * 8 * R * cfg.unroll * 32),
+            # the program's own stage size (weights and x rows), so the two cannot disagree
+            ring = smem.allocate_tensor(Int32, cute.make_layout(WK * cfg.bulk * ln.stage_bytes // 4),
                                         byte_alignment=128)
             ln.setup_wg(Int32(ring.iterator.toint()), tid % 128, wk + 1)
         pre = ln.preload()
