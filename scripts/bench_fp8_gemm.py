@@ -400,7 +400,7 @@ def candidates(mode: str, m: int, n: int, k: int, kinds: str = "block"):
         return fp8.fp8_ahead_grid(m, n, k, base=fp8.fp8_bulk_grid(m, n, k))
     if mode == "pre":  # L2 prefetch before the PDL wait, room for the next kernel's blocks
         return fp8.fp8_pre_grid(m, n, k)
-    if mode == "wg":  # the warpgroup kernel: wgmma on fp8 operands from shared memory
+    if mode == "wg":  # the warpgroup kernel: wgmma on fp8 operands, no conversion
         return fp8.fp8_wg_grid(m, n, k)
     if mode == "hold":  # rings filled before the PDL wait beside the running kernel's blocks
         return fp8.fp8_hold_grid(m, n, k)
@@ -543,7 +543,9 @@ def main():
                          " setting varied at a time), grid = fp8_config_grid (combinations), bulk ="
                          " fp8_bulk_grid (bulk-copy rings), ahead = fp8_ahead_grid (near, x loaded 1-3"
                          " iterations ahead), bulk-ahead = the rings so, pre = fp8_pre_grid (L2 prefetch"
-                         " before the PDL wait, early launch, room for the next kernel's blocks)")
+                         " before the PDL wait, early launch, room for the next kernel's blocks), hold ="
+                         " fp8_hold_grid (rings filled before the wait beside the running kernel), wg ="
+                         " fp8_wg_grid (the warpgroup wgmma kernel)")
     ap.add_argument("--sweep-kinds", choices=sorted(SWEEP_KINDS), default="block",
                     help="scale kinds the sweep times with (tensor: per-tensor scales on both operands,"
                          " for fp8_defaults.MEASURED_TENSOR)")

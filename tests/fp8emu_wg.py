@@ -8,7 +8,12 @@ fragment of m64nNk32 (d[4i + e] = D[16w + g + 8 (e // 2), 8i + 2t + e % 2]). A c
 only when a cp.async.wait_group covers its group; wgmma refuses bytes that have not landed, been
 fenced to the async proxy and then met the warpgroup's barrier (shared loads of x alike), and a
 copy into bytes that a wgmma group not yet waited for reads, or that a thread read before the
-last barrier, is refused."""
+last barrier, is refused; each warpgroup's ring must lie apart from the others'.
+
+Not modelled: the four warps' progress within a warpgroup (the 128 threads run in lockstep, so a
+missing second barrier or a wait that only some warps passed goes unseen), wgmma.fence (a no-op
+here), and the kernel's epilogue, which is rebuilt from the program's index helpers as in
+tests/fp8emu.py; the GPU tests cover those."""
 
 from __future__ import annotations
 
@@ -179,7 +184,7 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
         out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
 
     for bid in range(cfg.grid(n)):
-        ops.new_block(128 + cfg.smem_bytes(k))
+        ops.new_block(128 + cfg.smem_bytes())
         red = np.full(WK * R * MT * 8, np.nan, dtype=np.float32)
         ln = None
         for wk in range(WK):
@@ -187,6 +192,10 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
             ln = program(ops, cfg, n, k, a, b)
             ln.setup_weights(w_base, n_tile0, WG, WT, wk, sb_base, sb.shape[1], 1)
             ln.setup_wg(np.int64(128), WLANES, wk + 1)
+            # each warpgroup's ring inside the block's rings and apart from the others'
+            lo = int(np.unique(np.asarray(ln.ring))[0])
+            ops.claim(lo, lo + cfg.bulk * ln.stage_bytes)
+            assert lo + cfg.bulk * ln.stage_bytes <= 128 + WK * cfg.bulk * ln.stage_bytes
             pre = ln.preload()
             ln.setup_acts(x_base, k, m, WG, WT, sa_base, sa.shape[1], 1)
             acc = ln.run(pre)

@@ -278,10 +278,24 @@ def test_sass_bulk_ring_copies_before_wait_no_spills():
         sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
         wait = sass.index("ACQBULK")
         nit = cfg.iterations(k)
-        assert sass.count("UBLKCP") == nit and sass.count("UBLKCP", 0, wait) == cfg.bulk, cfg.key()
+        assert sass.count("UBLKCP") == nit and sass.count("UBLKCP", 0, wait) == cfg.loaded_first(k), cfg.key()
         assert sass.count("LDS.128") == nit * cfg.unroll * 2 * cfg.tiles
         assert "LDG.E.NA" not in sass  # no weight vector goes through registers
         assert "STL" not in sass and "LDL" not in sass, cfg.key()
+
+
+def test_hold_grid_leaves_room_for_the_next_kernel():
+    """fp8_hold_grid's candidates: rings with the early launch and a launch bound of twice their
+    resident blocks, which an SM holds by shared memory and threads with >= 64 registers each."""
+    from executors.cute.fp8_config import blocks_per_sm, resident_per_sm
+
+    for m, (n, k) in ((8, SHAPES["qkv_a"]), (16, SHAPES["o_proj"]), (8, SHAPES["qkvg"])):
+        grid = fp8.fp8_hold_grid(m, n, k)
+        assert grid[0] == fp8.default_fp8_config(m, n, k) and len(grid) > 5
+        for c in grid[1:]:
+            assert c.early and 1 <= c.bulk <= c.iterations(k) and c.check(m, n, k) is None, c.key()
+            two = 2 * resident_per_sm(c, n)
+            assert c.minb == two and blocks_per_sm(c) >= two and 65536 // (two * c.threads()) >= 64
 
 
 def test_bulk_grid_fits_and_keeps_bytes_in_flight():

@@ -1,4 +1,5 @@
-"""The warpgroup fp8 GEMM (Fp8Config.wg: wgmma on fp8 operands from shared memory): its emulated
+"""The warpgroup fp8 GEMM (Fp8Config.wg: wgmma on fp8 operands, x from registers and the weights
+from shared memory): its emulated
 program against the fp64 reference over configs and scale kinds, the emulator's refusals of a
 missing fence, an early refill and wrong descriptors, the config checks, the sweep's candidates,
 the PTX / SASS it compiles to, and (marker ``gpu``) the kernel on a GPU."""
@@ -23,7 +24,7 @@ def wg(**kw) -> Fp8Config:
 
 
 # (config, M, N, K): one and several warpgroups along K, both K orders, unroll 1..4, 8..64
-# weight rows per warpgroup, stages below / equal to the iterations, clamped last blocks, m_tile 8
+# weight rows per warpgroup, stages below / equal to / above the iterations, clamped last blocks, m_tile 8
 # and 16 at M below it, the early launch
 WG_CASES = [
     (wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3), 11, 40, 1024),
@@ -75,9 +76,9 @@ class _SkipFence:
 class _EarlyRefill(fp8_wg.WgProgram):
     def _issue_mma(self, it, xa):  # refills the stage it is about to read from, before waiting
         parts = super()._issue_mma(it, xa)
-        if self.issue_w(it + self.S):
-            self.o.cp_commit()
-            self.groups.append(("w", it + self.S))
+        if it + self.S < self.NIT:
+            self.issue_w(it + self.S)
+            self._commit(("w", it + self.S))
         return parts
 
 
@@ -103,7 +104,8 @@ def test_emulator_catches_wg_mistakes(program, message):
     if message is None:
         try:
             bad, _ = emulate_wg(cfg, x, w, sa, sb, 2, 2, program=program)
-        except AssertionError:
+        except AssertionError as e:  # reads of bytes never copied
+            assert "wgmma" in str(e), e
             return
         assert not close(bad, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
     else:
@@ -132,6 +134,26 @@ def test_wg_config_errors(field, value, words):
     assert why is not None and words in why, why
 
 
+def test_wg_config_bad_fields_are_errors_not_crashes():
+    for bad in (dict(warps_k=0), dict(warps_k=-1), dict(unroll=0), dict(tiles=0)):
+        why = wg(**{"m_tile": 16, "tiles": 2, "unroll": 1, "bulk": 2, "warps_k": 1, **bad}).check(16, 1024, 2048)
+        assert why is not None and "wg:" not in why, (bad, why)
+
+
+class _OverlappingRings(fp8_wg.WgProgram):
+    def setup_wg(self, ring, wtid, bar_id):  # every warpgroup on warpgroup 0's ring
+        wk, self.wk = self.wk, 0
+        super().setup_wg(ring, wtid, bar_id)
+        self.wk = wk
+
+
+def test_emulator_catches_overlapping_warpgroup_rings():
+    cfg, m, n, k = wg(m_tile=8, tiles=1, warps_k=2, unroll=1, bulk=2), 3, 16, 512
+    x, w, sa, sb = _operands(9, m, n, k, "block", "block")
+    with pytest.raises(AssertionError, match="overlaps"):
+        emulate_wg(cfg, x, w, sa, sb, 2, 2, program=_OverlappingRings)
+
+
 def test_wg_shared_memory_and_threads():
     """A warpgroup per warps_k with its ring (S stages of 8 * tiles rows x unroll K blocks), and
     a second reduction half."""
@@ -139,7 +161,7 @@ def test_wg_shared_memory_and_threads():
     assert c.threads() == 256
     stage = 16 * 2 * 128 + 16 * (2 * 128 + 16)  # weights, then 16 x rows of 2 K blocks + 16
     assert fp8_wg.wg_stage_bytes(c) == stage
-    assert c.smem_bytes(2048) == 2 * 3 * stage + 2 * 4 * 2 * 2 * 16 * 8
+    assert c.smem_bytes() == 2 * 3 * stage + 2 * 4 * 2 * 2 * 16 * 8
 
 
 def test_wg_grid_candidates():
@@ -148,7 +170,7 @@ def test_wg_grid_candidates():
         assert grid[0] == fp8.default_fp8_config(m, n, k) and len(grid) > 10
         for c in grid[1:]:
             assert c.wg and c.check(m, n, k) is None and c.bulk <= c.iterations(k)
-            per = blocks_per_sm(c, k=k)
+            per = blocks_per_sm(c)
             assert c.grid(n) <= fp8.SMS * per, c.key()
 
 

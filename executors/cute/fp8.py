@@ -44,8 +44,9 @@ Weights reach the mma either straight into registers (``depth`` iterations ahead
 ``Fp8Config.bulk`` = S, through a per-warp ring of S shared-memory stages filled by TMA bulk
 copies that complete on an mbarrier per stage (fp8_lane.py describes the protocol); x and its
 scales are loaded ``xahead`` iterations ahead. ``Fp8Config.wg`` selects the warpgroup kernel
-instead (fp8_wg.py): Hopper's native fp8 wgmma with both operands in shared memory, so neither
-operand is converted (tokens as the wgmma's M, 8 * tiles weight rows per warpgroup as its N).
+instead (fp8_wg.py): Hopper's native fp8 wgmma (x from registers, the weights from shared
+memory), so neither operand is converted (tokens as the wgmma's M, 8 * tiles weight rows per
+warpgroup as its N); measured slower than the lane program, in no default.
 The measured table picks per shape and M bucket.
 """
 

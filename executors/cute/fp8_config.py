@@ -36,10 +36,12 @@ def _cdiv(a: int, b: int) -> int:
 @dataclass(frozen=True)
 class Fp8Config:
     """One kernel variant. A warp owns ``tiles`` n8 tiles (8 weight rows each) and a share of K;
-    a block is ``warps_n`` x ``warps_k`` warps (shared-memory reduction over warps_k)."""
+    a block is ``warps_n`` x ``warps_k`` warps (shared-memory reduction over warps_k). With
+    ``wg`` a warpgroup of 4 warps takes a warp's place: its 8 * tiles rows are the wgmma N,
+    ``warps_k`` counts warpgroups and ``bulk`` (2..8) is its ring's stages."""
 
     m_tile: int = 16  # token rows per mma (8 or 16); runtime M <= m_tile
-    tiles: int = 2  # n8 tiles per warp: 1, 2 or 4 (a warp's rows stay inside one 128-row block)
+    tiles: int = 2  # n8 tiles per warp: 1, 2 or 4, with wg also 8 (rows stay inside one 128-row block)
     warps_n: int = 1  # warps side by side along N
     warps_k: int = 4  # warps splitting K (whole 128-wide blocks each)
     unroll: int = 1  # 128-wide K blocks per warp iteration (loaded one iteration ahead)
@@ -71,9 +73,9 @@ class Fp8Config:
     def bulk_stage_bytes(self) -> int:
         return 8 * self.tiles * self.bulk_row_bytes()
 
-    def smem_bytes(self, k: int = 0) -> int:
-        """Shared memory per block: the bulk rings with their mbarriers (with wg: the weight
-        rings of its warpgroups) and the warps_k reduction (k: unused, kept for callers)."""
+    def smem_bytes(self) -> int:
+        """Shared memory per block: the bulk rings with their mbarriers (with wg: the rings of
+        its warpgroups, each stage its weights and x rows) and the warps_k reduction."""
         warps = self.warps_n * self.warps_k
         if self.wg:  # fp8_wg.wg_stage_bytes: weights, then the x rows padded to 128 bytes
             x = self.m_tile * (self.unroll * BLOCK + 16)
@@ -141,10 +143,6 @@ class Fp8Config:
         if self.tiles not in ((1, 2, 4, 8) if self.wg else (1, 2, 4)):
             return ("tiles must be 1, 2 or 4 (with wg also 8): a warp's or warpgroup's rows then lie "
                     "in one 128-row scale block")
-        if self.wg:
-            why = _wg_fields_ok(self)
-            if why:
-                return why
         if self.warps_n < 1 or self.warps_k < 1 or self.unroll < 1:
             return "warps_n, warps_k and unroll must be positive"
         kb = k // BLOCK
@@ -160,12 +158,16 @@ class Fp8Config:
             return "minb * threads must be <= 2048"
         if not 1 <= self.xahead <= 4:
             return "xahead (iterations of activations in flight) is 1..4"
+        if self.wg:
+            why = _wg_fields_ok(self)
+            if why:
+                return why
         if self.bulk and not (1 <= self.bulk <= 8 and self.depth == 1):
             return "bulk is 0 or 1..8 stages (the ring replaces depth, which stays 1)"
         if self.l2pre and not self.loaded_first(k) < self.l2pre <= self.iterations(k):
             return (f"l2pre {self.l2pre} must be 0 or past the {self.loaded_first(k)} iterations loaded "
                     f"before the PDL wait and at most the {self.iterations(k)} iterations per warp")
-        smem = self.smem_bytes(k)
+        smem = self.smem_bytes()
         if smem > SMEM_PER_BLOCK or (smem + 1024) * max(self.minb, 1) > SMEM_PER_SM:
             return (f"{smem} bytes of shared memory per block (+ 1 KiB reserved) x "
                     f"{max(self.minb, 1)} blocks > {SMEM_PER_SM} per SM (or > {SMEM_PER_BLOCK} per block)")
@@ -177,7 +179,8 @@ def _wg_fields_ok(cfg: Fp8Config) -> str | None:
         return "wg: warps_n is 1 (a warpgroup's N is 8 * tiles)"
     if not 2 <= cfg.bulk <= 8 or cfg.depth != 1 or cfg.hw != 4 or cfg.l2pre:
         return "wg: bulk (stages) is 2..8; depth 1, hw 4 and l2pre 0 (unused there)"
-    regs, cap = wg_registers(cfg), min(255, 65536 // (cfg.threads() * max(cfg.minb, 1)))
+    # ptxas allocates registers in units of 8
+    regs, cap = wg_registers(cfg), min(255, 65536 // (cfg.threads() * max(cfg.minb, 1)) // 8 * 8)
     if regs > cap:
         return (f"wg: about {regs} registers a thread (partials of two iterations, the "
                 f"accumulator, x fragments of two iterations) exceed what {cfg.threads()} threads "
@@ -394,20 +397,20 @@ def fp8_pre_grid(m: int, n: int, k: int, sms: int = SMS,
     return out
 
 
-def blocks_per_sm(cfg: Fp8Config, regs: int | None = None, k: int = 0) -> int:
+def blocks_per_sm(cfg: Fp8Config, regs: int | None = None) -> int:
     """Blocks of a config one SM holds by shared memory (1 KiB reserved per block), threads and
     the 32-block cap, and by registers when `regs` (per thread, allocated in units of 8) is
-    known from the compiled kernel (k: needed for wg configs)."""
-    n = min(SMEM_PER_SM // (cfg.smem_bytes(k) + 1024), 2048 // cfg.threads(), 32)
+    known from the compiled kernel."""
+    n = min(SMEM_PER_SM // (cfg.smem_bytes() + 1024), 2048 // cfg.threads(), 32)
     if regs is not None:
         n = min(n, 65536 // (-(-regs // 8) * 8 * cfg.threads()))
     return max(0, n)
 
 
-def resident_per_sm(cfg: Fp8Config, n: int, sms: int = SMS, regs: int | None = None, k: int = 0) -> int:
+def resident_per_sm(cfg: Fp8Config, n: int, sms: int = SMS, regs: int | None = None) -> int:
     """Blocks of this grid on the busiest SM while all that fit are resident: the grid's share
     of an SM, at most what one SM holds (blocks_per_sm)."""
-    return min(blocks_per_sm(cfg, regs, k), _cdiv(cfg.grid(n), sms))
+    return min(blocks_per_sm(cfg, regs), _cdiv(cfg.grid(n), sms))
 
 
 def fp8_bulk_grid(m: int, n: int, k: int, sms: int = SMS, min_inflight: int = 48 * 1024) -> list[Fp8Config]:
@@ -515,7 +518,7 @@ def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list
                             # registers of every block fit (fp8_config checks them against it)
                             c = dataclasses.replace(c, minb=per if per > 1 else 0)
                             if (st > c.iterations(k) or not _fits(c, m, n, k)
-                                    or blocks_per_sm(c, k=k) < per):
+                                    or blocks_per_sm(c) < per):
                                 continue
                             busiest = per * c.rows_per_block() * sms / n
                             inflight = st * 8 * tiles * unroll * BLOCK * wk * per
