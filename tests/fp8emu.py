@@ -305,21 +305,30 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
                     assert np.isnan(red[slot]).all(), "two values for one reduction slot"
                     red[slot] = acc[r][e]
         if WK > 1:
-            assert not np.isnan(red).any(), "reduction slot never written"
-            nthr = cfg.threads()
-            for p in range(-(-ln.out_blk // nthr)):
-                idx = np.arange(nthr) + p * nthr
-                idc = np.minimum(idx, ln.out_blk - 1)
-                s = sum(red[q * ln.out_blk + idc] for q in range(WK)).astype(np.float32)
-                mm, col = ln.out_coord(bid, idc)
-                v = ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1))
-                ok = idx < ln.out_blk
-                store(mm[ok], col[ok], np.broadcast_to(v, idx.shape)[ok])
+            for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
+                store(mm, col, v)
         assert not ops.inflight.any(), "copies still in flight at the end of the block"
         # every iteration of every warp waited for one completed phase of its stage
         assert sum(st["phase"] for st in ops.bars.values()) == (ln.NIT * WN * WK if cfg.bulk else 0)
     assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
     return out, ops.mma_calls
+
+
+def reduced_outputs(ln, red, wk_count: int, nthr: int, bid: int, m: int, n: int):
+    """The warps_k reduction of block bid as the kernel's epilogue does it (thread i sums slot i
+    over the wk_count shares, a pass per nthr outputs): (token rows, columns, values) per pass,
+    the outputs past the block's left out."""
+    assert not np.isnan(red).any(), "reduction slot never written"
+    out = []
+    for p in range(-(-ln.out_blk // nthr)):
+        idx = np.arange(nthr) + p * nthr
+        idc = np.minimum(idx, ln.out_blk - 1)
+        s = sum(red[q * ln.out_blk + idc] for q in range(wk_count)).astype(np.float32)
+        mm, col = ln.out_coord(bid, idc)
+        v = np.broadcast_to(ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)), idx.shape)
+        ok = idx < ln.out_blk
+        out.append((mm[ok], col[ok], v[ok]))
+    return out
 
 
 def random_e4m3_bytes(rng: np.random.Generator, shape, full_range: bool = True) -> np.ndarray:

@@ -22,7 +22,7 @@ import numpy as np
 from executors.cute.fp8 import Fp8Config
 from executors.cute.fp8_lane import acc_entries
 from executors.cute.fp8_wg import DESC_START_MASK, WgProgram
-from tests.fp8emu import Memory, NumpyOps, e4m3_values
+from tests.fp8emu import Memory, NumpyOps, e4m3_values, reduced_outputs
 
 WLANES = np.arange(128)
 WG, WT = WLANES % 32 // 4, WLANES % 4
@@ -209,15 +209,8 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
                     assert np.isnan(red[slot]).all(), "two values for one reduction slot"
                     red[slot] = np.asarray(acc[r][e])[owner]
         if WK > 1:
-            assert not np.isnan(red).any(), "reduction slot never written"
-            nthr = cfg.threads()
-            for p in range(-(-ln.out_blk // nthr)):
-                idx = np.arange(nthr) + p * nthr
-                idc = np.minimum(idx, ln.out_blk - 1)
-                s = sum(red[q * ln.out_blk + idc] for q in range(WK)).astype(np.float32)
-                mm, col = ln.out_coord(bid, idc)
-                v = np.broadcast_to(ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)), idx.shape)
-                ok = (idx < ln.out_blk) & (mm < m) & (col < n)
+            for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
+                ok = (mm < m) & (col < n)
                 np.add.at(writes, (mm[ok], col[ok]), 1)
                 out[mm[ok], col[ok]] = v[ok]
     assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
