@@ -91,6 +91,11 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     bits_ptx,
     bits_words,
     default_fp8_config,
+    heuristic_fp8_config,
+    scale_kind,
+    word_byte_order,
+)
+from .fp8_sweeps import (  # noqa: F401  - re-exported: the fp8 API
     fp8_ahead_grid,
     fp8_bulk_grid,
     fp8_config_grid,
@@ -98,9 +103,6 @@ from .fp8_config import (  # noqa: F401  - re-exported: the fp8 API
     fp8_hold_grid,
     fp8_pre_grid,
     fp8_wg_grid,
-    heuristic_fp8_config,
-    scale_kind,
-    word_byte_order,
 )
 
 
