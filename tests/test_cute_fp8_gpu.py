@@ -35,12 +35,12 @@ def _check_gpu(out, ref, tag, rel_tol):
     assert rel < rel_tol, f"{tag}: rel err {rel}"
 
 
-def _check_default_call(m, n, k, kinds, seed, out_dtype, tag, rel_tol):
-    """gemm_fp8 with its default config on fresh operands of these scale kinds, into a poisoned
-    out of out_dtype, against the fp32 reference."""
+def _check_call(m, n, k, kinds, seed, out_dtype, tag, rel_tol, config=None):
+    """gemm_fp8 with its default config (or `config`) on fresh operands of these scale kinds,
+    into a poisoned out of out_dtype, against the fp32 reference."""
     x, w, sa, sb = _gpu_operands(m, n, k, *kinds, seed=seed)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
-    fp8.gemm_fp8(x, w, sa, sb, out)
+    fp8.gemm_fp8(x, w, sa, sb, out, config=config)
     torch.cuda.synchronize()
     _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), tag, rel_tol)
 
@@ -54,7 +54,7 @@ GPU_SHAPES = ["qkv_a", "q_b", "kv_b", "shared_gate_up", "shared_down", "fa_beta"
 @pytest.mark.parametrize("name", GPU_SHAPES)
 def test_gpu_block_scales(name, m):
     n, k = SHAPES[name]
-    _check_default_call(m, n, k, ("block", "block"), 1000 * m + n, torch.bfloat16, f"{name} M={m}", 6e-3)
+    _check_call(m, n, k, ("block", "block"), 1000 * m + n, torch.bfloat16, f"{name} M={m}", 6e-3)
 
 
 @pytest.mark.gpu
@@ -64,7 +64,7 @@ def test_gpu_block_scales(name, m):
                                    ("tensor", "block"), ("row", "block"), ("block", "col")])
 def test_gpu_scale_kinds_fp32_out(kinds, m):
     n, k = 1000, 1024  # N ends in a partial 128-row block and a partial n8 tile pair
-    _check_default_call(m, n, k, kinds, m, torch.float32, f"{kinds} M={m}", 1e-5)
+    _check_call(m, n, k, kinds, m, torch.float32, f"{kinds} M={m}", 1e-5)
 
 
 @pytest.mark.gpu

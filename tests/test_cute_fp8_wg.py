@@ -160,7 +160,7 @@ def test_wg_shared_memory_and_threads():
     c = wg(m_tile=16, tiles=2, warps_k=2, unroll=2, bulk=3)
     assert c.threads() == 256
     stage = 16 * 2 * 128 + 16 * (2 * 128 + 16)  # weights, then 16 x rows of 2 K blocks + 16
-    assert fp8_wg.wg_stage_bytes(c) == stage
+    assert c.wg_stage_bytes() == stage
     assert c.smem_bytes() == 2 * 3 * stage + 2 * 4 * 2 * 2 * 16 * 8
 
 
@@ -202,20 +202,12 @@ def test_ptx_of_wg_kernel():
 @pytest.mark.parametrize("m", [3, 16])
 def test_gpu_wg_configs(m):
     """A sample of fp8_wg_grid against the fp32 reference, poisoned outputs, at three shapes."""
-    from tests.test_cute_fp8_gpu import _check_gpu, _gpu_operands
+    from tests.test_cute_fp8_gpu import _check_call, _check_gpu_configs
 
-    for name in ("qkv_a", "o_proj", "qkvg"):
+    names = ("qkv_a", "o_proj", "qkvg")
+    _check_gpu_configs(m, names, lambda m, n, k: fp8.fp8_wg_grid(m, n, k)[1::6], seed=51 + m)
+    for name in names:  # per-row / per-column scales, fp32 out
         n, k = SHAPES[name]
-        x, w, sa, sb = _gpu_operands(m, n, k, "block", "block", seed=51 + m)
-        ref = fp8.dequant_reference(x, w, sa, sb)
-        for cfg in fp8.fp8_wg_grid(m, n, k)[1::6]:
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
-            torch.cuda.synchronize()
-            _check_gpu(out, ref, f"{name} {cfg.key()}", 6e-3)
-        cfg = fp8.fp8_wg_grid(m, n, k)[1]  # per-row / per-column scales, fp32 out
-        x, w, sa, sb = _gpu_operands(m, n, k, "row", "col", seed=61 + m)
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
-        fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
-        torch.cuda.synchronize()
-        _check_gpu(out, fp8.dequant_reference(x, w, sa, sb), f"{name} {cfg.key()} row/col fp32", 6e-3)
+        cfg = fp8.fp8_wg_grid(m, n, k)[1]
+        _check_call(m, n, k, ("row", "col"), 61 + m, torch.float32,
+                            f"{name} {cfg.key()} row/col fp32", 6e-3, config=cfg)

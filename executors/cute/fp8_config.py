@@ -74,13 +74,22 @@ class Fp8Config:
     def bulk_stage_bytes(self) -> int:
         return 8 * self.tiles * self.bulk_row_bytes()
 
+    def wg_x_row_bytes(self) -> int:
+        """wg: shared-memory bytes per x row of a stage, unroll K blocks and 16 more, so lanes
+        (g, t) reading 4 bytes at g * row + 4t hit 32 distinct banks."""
+        return self.unroll * BLOCK + 16
+
+    def wg_stage_bytes(self) -> int:
+        """wg: a stage, 8 * tiles weight rows x unroll K blocks, then m_tile x rows (padded to
+        128 bytes)."""
+        return 8 * self.tiles * self.unroll * BLOCK + _cdiv(self.m_tile * self.wg_x_row_bytes(), 128) * 128
+
     def smem_bytes(self) -> int:
         """Shared memory per block: the bulk rings with their mbarriers (with wg: the rings of
         its warpgroups, each stage its weights and x rows) and the warps_k reduction."""
         warps = self.warps_n * self.warps_k
-        if self.wg:  # fp8_wg.wg_stage_bytes: weights, then the x rows padded to 128 bytes
-            x = self.m_tile * (self.unroll * BLOCK + 16)
-            ring = self.warps_k * self.bulk * (8 * self.tiles * self.unroll * BLOCK + -(-x // 128) * 128)
+        if self.wg:
+            ring = self.warps_k * self.bulk * self.wg_stage_bytes()
         else:
             ring = warps * self.bulk * (self.bulk_stage_bytes() + 8) if self.bulk else 0
         red = 4 * warps * self.tiles * self.m_tile * 8 if self.warps_k > 1 else 0

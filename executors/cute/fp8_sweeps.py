@@ -11,15 +11,12 @@ from .fp8_config import (
     BLOCK,
     SMS,
     Fp8Config,
+    _cdiv,
     blocks_per_sm,
     default_fp8_config,
     resident_per_sm,
     wk_choices,
 )
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _fits(cfg: Fp8Config, m: int, n: int, k: int) -> bool:

@@ -53,8 +53,8 @@ class WgProgram(LaneProgram):
         super().__init__(ops, cfg, n, k, a, b)
         self.NW = 8 * self.R
         self.w_bytes = self.NW * self.U * BLOCK  # a stage's weights, then its x rows
-        self.xrow = wg_x_row_bytes(cfg)
-        self.stage_bytes = wg_stage_bytes(cfg)
+        self.xrow = cfg.wg_x_row_bytes()
+        self.stage_bytes = cfg.wg_stage_bytes()
         self.sbo_w = 8 * self.U * BLOCK
         self.pieces_w = self.NW * self.U * 8  # 16-byte pieces of one stage's weights
 
@@ -207,15 +207,3 @@ class WgProgram(LaneProgram):
         o.wg_wait(0)
         o.keep_regs([v for frag in prev[0] for v in frag])
         return self._promote_parts(acc, *prev[1:])
-
-
-def wg_x_row_bytes(cfg: Fp8Config) -> int:
-    """Shared-memory bytes per x row of a stage: unroll K blocks and 16 more, so lanes
-    (g, t) reading 4 bytes at g * row + 4t hit 32 distinct banks."""
-    return cfg.unroll * BLOCK + 16
-
-
-def wg_stage_bytes(cfg: Fp8Config) -> int:
-    """A stage: 8 * tiles weight rows x unroll K blocks, then m_tile x rows (128-byte aligned)."""
-    x = cfg.m_tile * wg_x_row_bytes(cfg)
-    return 8 * cfg.tiles * cfg.unroll * BLOCK + -(-x // 128) * 128
