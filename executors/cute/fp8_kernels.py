@@ -23,7 +23,6 @@ from .fp8_wg import WgProgram
 from .kernels import _imin, _SmemAllocator
 from .ptx import (
     bulk_g2s,
-    globaltimer,
     ld_act_v4,
     ld_shared_v4,
     ld_weights_v4,
@@ -33,8 +32,7 @@ from .ptx import (
     mbar_wait,
     pdl_wait,
     prefetch_l2_bulk,
-    smid,
-    st_u64,
+    stamp_record,
     sync_warp,
 )
 from .ptx_wg import (
@@ -157,10 +155,7 @@ def _tl_stamp(mT: cute.Tensor, tid, bid, slot: cutlass.Constexpr):
     """Fp8Config.timeline: thread 0 stores %globaltimer into slot `slot` of block bid's 64-byte
     record (0 start, 1 weights issued, 2 past the PDL wait, 3 end; slot 7 its SM id)."""
     if tid == 0:
-        rec = Int64(mT.iterator.toint()) + Int64(bid) * 64
-        st_u64(rec + Int64(slot * 8), globaltimer())
-        if cutlass.const_expr(slot == 0):
-            st_u64(rec + Int64(56), Int64(smid()))
+        stamp_record(Int64(mT.iterator.toint()) + Int64(bid) * 64, slot, 7)
 
 
 # --------------------------------------------------------------------------------------

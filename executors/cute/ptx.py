@@ -288,13 +288,18 @@ def st_u64(addr: Int64, val: Int64, *, loc=None, ip=None):
     _asm("st.global.u64 [$0], $1;", "l,l", [Int64(addr).ir_value(loc=loc, ip=ip), Int64(val).ir_value(loc=loc, ip=ip)])
 
 
+def stamp_record(rec, slot: int, sm_slot: int):
+    """A timeline stamp (call from one thread): %globaltimer into 8-byte slot `slot` of the
+    record at rec; with slot 0 also the SM id into slot `sm_slot`."""
+    st_u64(rec + Int64(slot * 8), globaltimer())
+    if slot == 0:  # Python-level: traced once
+        st_u64(rec + Int64(sm_slot * 8), Int64(smid()))
+
+
 def _stamp(base, bid, slot: int):
     """Config.timeline (call from one thread): %globaltimer into record bid, slot (0 start,
     1 mid, 2 end; slot 3 = SM id). Records are 32 bytes from workspace byte 16."""
-    rec = base + Int64(16) + Int64(bid) * 32
-    st_u64(rec + Int64(slot * 8), globaltimer())
-    if slot == 0:  # Python-level: traced once
-        st_u64(rec + Int64(24), Int64(smid()))
+    stamp_record(base + Int64(16) + Int64(bid) * 32, slot, 3)
 
 
 @dsl_user_op
