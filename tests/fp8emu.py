@@ -79,6 +79,8 @@ class Memory:
 class NumpyOps:
     """LaneProgram's ops on numpy lane vectors (words: int64 arrays holding uint32 values)."""
 
+    LANES = 32  # threads one program runs for (a warp)
+
     def __init__(self, mem: Memory):
         self.mem = mem
         self.mma_calls = 0
@@ -105,12 +107,16 @@ class NumpyOps:
             self.mem.read(np.array([a]), nb, align=16)  # aligned, inside memory
             self.prefetched.append((a, nb))
 
-    @staticmethod
-    def _lanes(idx, limit):
-        return np.nonzero(np.broadcast_to(np.asarray(idx) < limit, (32,)))[0]
+    def _lanes(self, idx, limit):
+        """The lanes (threads) where idx < limit."""
+        return np.nonzero(np.broadcast_to(np.asarray(idx) < limit, (self.LANES,)))[0]
+
+    def _vec(self, v):
+        """v as one int64 value per lane."""
+        return np.broadcast_to(np.asarray(v, dtype=np.int64), (self.LANES,))
 
     def _one(self, v, lane):
-        return int(np.broadcast_to(np.asarray(v), (32,))[lane])
+        return int(self._vec(v)[lane])
 
     def mbar_init(self, bar, count, idx, limit):
         lanes = self._lanes(idx, limit)
@@ -159,7 +165,7 @@ class NumpyOps:
 
     def mbar_wait(self, bar, parity):
         assert not self.unfenced, "barrier used before the init fence"
-        for b in {int(v) for v in np.broadcast_to(np.asarray(bar), (32,))}:
+        for b in {int(v) for v in self._vec(bar)}:
             st = self.bars[b]
             if st["phase"] % 2 != parity:  # that phase has completed before: no new bytes
                 continue
@@ -171,7 +177,7 @@ class NumpyOps:
             st.update(phase=st["phase"] + 1, armed=False, copies=[])
 
     def ld_smem(self, addr):
-        a = np.broadcast_to(np.asarray(addr, dtype=np.int64), (32,))
+        a = self._vec(addr)
         assert (a % 16 == 0).all() and (a >= 0).all() and (a + 16 <= self.smem.size).all()
         idx = a[:, None] + np.arange(16)
         assert not self.inflight[idx].any(), "read of bytes still in flight"

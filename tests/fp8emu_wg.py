@@ -38,6 +38,8 @@ def decode_desc(desc) -> tuple[int, int, int]:
 
 
 class WgOps(NumpyOps):
+    LANES = 128  # a warpgroup
+
     def __init__(self, mem: Memory):
         super().__init__(mem)
         self.wgmma_calls = 0
@@ -49,14 +51,6 @@ class WgOps(NumpyOps):
         self.avis = np.zeros(self.smem.size, dtype=bool)  # fenced, then a barrier: wgmma
         self.open_cp, self.cp_groups = [], []
         self.open_reads, self.wg_groups = np.zeros(self.smem.size, dtype=bool), []
-
-    @staticmethod
-    def _lanes(idx, limit):
-        return np.nonzero(np.broadcast_to(np.asarray(idx) < limit, (128,)))[0]
-
-    @staticmethod
-    def _vec(v):
-        return np.broadcast_to(np.asarray(v, dtype=np.int64), (128,))
 
     # ---- copies -------------------------------------------------------------------
     def cp_async(self, dst, src, idx, limit):
