@@ -167,14 +167,20 @@ def _build_idle(pdl: bool):
     return host
 
 
-def _fake_args(n: int, k: int):
+def _fake_args(n: int | None, k: int | None):
+    """n, k None (the idle kernel): x and w of any shape."""
     import cutlass.cute as cute
     from cutlass import Int32, Uint8
 
     m = cute.sym_int()
-    x = cute.runtime.make_fake_tensor(Uint8, (m, k), stride=(cute.sym_int64(divisibility=16), 1),
+    kx = cute.sym_int() if k is None else k
+    x = cute.runtime.make_fake_tensor(Uint8, (m, kx), stride=(cute.sym_int64(divisibility=16), 1),
                                       assumed_align=16)
-    w = cute.runtime.make_fake_tensor(Uint8, (n, k), stride=(k, 1), assumed_align=16)
+    if n is None:
+        w = cute.runtime.make_fake_tensor(Uint8, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int64(), 1),
+                                          assumed_align=16)
+    else:
+        w = cute.runtime.make_fake_tensor(Uint8, (n, k), stride=(k, 1), assumed_align=16)
     out = cute.runtime.make_fake_tensor(Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
     return x, w, out, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
 
@@ -192,8 +198,7 @@ def _compile_tvm_ffi(cfg: StreamCfg | None, n: int, k: int, pdl: bool, extra_opt
             raise ValueError(f"stream config {cfg.key()} cannot stream N={n} K={k}: {why}")
     host = _build_idle(pdl) if cfg is None else _build_stream(cfg, n, k)
     opts = "--enable-tvm-ffi" + (" " + extra_options if extra_options else "")
-    # the idle kernel ignores the weight's shape: compile it for one
-    return cute.compile(host, *_fake_args(n, k) if cfg is not None else _fake_args(128, 128), options=opts)
+    return cute.compile(host, *(_fake_args(n, k) if cfg is not None else _fake_args(None, None)), options=opts)
 
 
 def _compile(cfg: StreamCfg | None, n: int, k: int, pdl: bool, arch: str | None, use_disk: bool = True):
