@@ -22,10 +22,10 @@ Paths (out = bf16):
                  over 2 GiB, a read-only kernel)
 
 Usage: python scripts/bench_fp8_gemm.py --out /tmp/fp8_gemm/fp8_gemm.md [--ms 1,2,4]
-       [--shapes qkv_a,qkvg] [--sweep [near|grid|bulk|ahead|bulk-ahead|pre|hold|wg]] [--jobs 8] [--iters 20] [--trials 7]
-       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|bulk|ahead|bulk-ahead|pre|hold|wg]] [--jobs 2]    (CPU, no GPU)
+       [--shapes qkv_a,qkvg] [--sweep [near|grid|bulk|ahead|bulk-ahead|pre|hold|wg|wgr]] [--jobs 8] [--iters 20] [--trials 7]
+       python scripts/bench_fp8_gemm.py --precompile [--sweep [near|grid|bulk|ahead|bulk-ahead|pre|hold|wg|wgr]] [--jobs 2]    (CPU, no GPU)
 --sweep first times config candidates at M = 8 and 16 (block scales: fp8.fp8_configs_for's
-one-setting neighbours of the default, with `grid` fp8.fp8_config_grid's combinations, with `bulk` fp8.fp8_bulk_grid's bulk-copy rings, with `ahead` fp8.fp8_ahead_grid's activations loaded 1-3 iterations ahead, with `bulk-ahead` the rings with xahead 1-3, with `pre` fp8.fp8_pre_grid's L2 prefetch before the PDL wait, with `hold` fp8.fp8_hold_grid's rings filled before the wait beside the running kernel, with `wg` fp8.fp8_wg_grid's warpgroup wgmma kernels) and
+one-setting neighbours of the default, with `grid` fp8.fp8_config_grid's combinations, with `bulk` fp8.fp8_bulk_grid's bulk-copy rings, with `ahead` fp8.fp8_ahead_grid's activations loaded 1-3 iterations ahead, with `bulk-ahead` the rings with xahead 1-3, with `pre` fp8.fp8_pre_grid's L2 prefetch before the PDL wait, with `hold` fp8.fp8_hold_grid's rings filled before the wait beside the running kernel, with `wg` fp8.fp8_wg_grid's warpgroup wgmma kernels, with `wgr` fp8.fp8_wgr_grid's register-weights warpgroup kernels) and
 times the best per M bucket as the fp8_tuned column; --jobs compiles the kernels in that many processes first
 (disk cache, $PLANNER_CACHE_DIR); --precompile only does that, for the GPU tests' kernels too
 (scripts/gpu/fp8_gemm.sh).
@@ -402,6 +402,8 @@ def candidates(mode: str, m: int, n: int, k: int, kinds: str = "block"):
         return fp8.fp8_pre_grid(m, n, k)
     if mode == "wg":  # the warpgroup kernel: wgmma on fp8 operands, no conversion
         return fp8.fp8_wg_grid(m, n, k)
+    if mode == "wgr":  # the register-weights warpgroup kernel: weights as wgmma A from registers
+        return fp8.fp8_wgr_grid(m, n, k)
     if mode == "hold":  # rings filled before the PDL wait beside the running kernel's blocks
         return fp8.fp8_hold_grid(m, n, k)
     return fp8.fp8_configs_for(m, n, k, kinds=SWEEP_KINDS[kinds])
@@ -490,6 +492,12 @@ def gpu_test_kernels() -> set:
             for c in grid[1::6]:
                 out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
             out.add(("fp8", grid[1].to_json(), n, k, "row", "col", "float32"))
+    for m in (3, 16):  # test_gpu_wgr_configs
+        for n, k in ((7168, 2048), (4096, 512), (7168, 2304), (1536, 128)):
+            grid = fp8.fp8_wgr_grid(m, n, k)
+            for c in grid[1::3]:
+                out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
+            out.add(("fp8", grid[1].to_json(), n, k, "row", "col", "float32"))
     return out
 
 
@@ -538,14 +546,15 @@ def main():
     ap.add_argument("--shapes", default="", help="comma-separated names (default: all)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
-    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "bulk", "ahead", "bulk-ahead", "pre", "hold", "wg"),
+    ap.add_argument("--sweep", nargs="?", const="near", default=None, choices=("near", "grid", "bulk", "ahead", "bulk-ahead", "pre", "hold", "wg", "wgr"),
                     help="time config candidates at M = 8 and 16 first: near = fp8_configs_for (one"
                          " setting varied at a time), grid = fp8_config_grid (combinations), bulk ="
                          " fp8_bulk_grid (bulk-copy rings), ahead = fp8_ahead_grid (near, x loaded 1-3"
                          " iterations ahead), bulk-ahead = the rings so, pre = fp8_pre_grid (L2 prefetch"
                          " before the PDL wait, early launch, room for the next kernel's blocks), hold ="
                          " fp8_hold_grid (rings filled before the wait beside the running kernel), wg ="
-                         " fp8_wg_grid (the warpgroup wgmma kernel)")
+                         " fp8_wg_grid (the warpgroup wgmma kernel), wgr = fp8_wgr_grid (weights as wgmma A from"
+                         " registers)")
     ap.add_argument("--sweep-kinds", choices=sorted(SWEEP_KINDS), default="block",
                     help="scale kinds the sweep times with (tensor: per-tensor scales on both operands,"
                          " for fp8_defaults.MEASURED_TENSOR)")

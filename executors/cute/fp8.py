@@ -71,6 +71,7 @@ __all__ = [
     "fp8_pre_grid",
     "fp8_hold_grid",
     "fp8_wg_grid",
+    "fp8_wgr_grid",
     "fp8_configs_for",
     "compile_fp8_for_arch",
     "get_fp8_kernel",
@@ -103,6 +104,7 @@ from .fp8_sweeps import (  # noqa: F401  - re-exported: the fp8 API
     fp8_hold_grid,
     fp8_pre_grid,
     fp8_wg_grid,
+    fp8_wgr_grid,
 )
 
 
@@ -236,8 +238,8 @@ def _out_code(out_dtype) -> int:
 
 # the files the kernel is built from (part of its disk-cache key; a test checks it covers the
 # package modules fp8_kernels.py and fp8_lane.py import)
-KERNEL_SOURCES = ("fp8.py", "fp8_config.py", "fp8_lane.py", "fp8_wg.py", "fp8_kernels.py", "ptx.py", "ptx_wg.py",
-                  "kernels.py")
+KERNEL_SOURCES = ("fp8.py", "fp8_config.py", "fp8_lane.py", "fp8_wg.py", "fp8_wgr.py", "fp8_kernels.py", "ptx.py",
+                  "ptx_wg.py", "kernels.py")
 
 
 def _tag(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int, arch: str) -> tuple[str, str]:

@@ -64,6 +64,9 @@ class Fp8Config:
     wg: bool = False  # warpgroup kernel (fp8_wg.py): wgmma on fp8 operands, no conversion,
     # from registers (x) and shared memory (the weights, through a cp.async ring of `bulk`
     # stages); warps_k counts warpgroups of 128 threads, tiles * 8 weight rows are the wgmma N
+    wgr: bool = False  # register-weights warpgroup kernel (fp8_wgr.py): wgmma with 64 weight rows
+    # from registers as A and x from shared memory as B (N = m_tile); warps_k warpgroups split K,
+    # each over `unroll` K blocks (warps_k * unroll = K / 128), `depth` K blocks of weights in flight
     timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
     # weights are issued, past the PDL wait and at its end (gemm_fp8's `timeline` buffer)
 
@@ -84,10 +87,17 @@ class Fp8Config:
         128 bytes)."""
         return 8 * self.tiles * self.unroll * BLOCK + _cdiv(self.m_tile * self.wg_x_row_bytes(), 128) * 128
 
+    def wgr_x_bytes(self) -> int:
+        """wgr: one warpgroup's staged x, m_tile tokens x its unroll K blocks."""
+        return self.m_tile * self.unroll * BLOCK
+
     def smem_bytes(self) -> int:
         """Shared memory per block: the bulk rings with their mbarriers (with wg: the rings of
-        its warpgroups, each stage its weights and x rows) and the warps_k reduction."""
+        its warpgroups, each stage its weights and x rows; with wgr: each warpgroup's x) and
+        the warps_k reduction."""
         warps = self.warps_n * self.warps_k
+        if self.wgr:
+            return self.warps_k * self.wgr_x_bytes() + (4 * self.warps_k * 64 * self.m_tile if self.warps_k > 1 else 0)
         if self.wg:
             ring = self.warps_k * self.bulk * self.wg_stage_bytes()
         else:
@@ -105,6 +115,7 @@ class Fp8Config:
         d += f"_p{self.l2pre}" if self.l2pre else ""
         d += "_e" if self.early else ""
         d += "_wg" if self.wg else ""
+        d += "_wgr" if self.wgr else ""
         d += "_tl" if self.timeline else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
@@ -124,10 +135,10 @@ class Fp8Config:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def threads(self) -> int:
-        return (128 if self.wg else 32) * self.warps_n * self.warps_k
+        return (128 if self.wg or self.wgr else 32) * self.warps_n * self.warps_k
 
     def rows_per_block(self) -> int:
-        return 8 * self.tiles * self.warps_n
+        return 64 if self.wgr else 8 * self.tiles * self.warps_n
 
     def grid(self, n: int) -> int:
         return _cdiv(n, self.rows_per_block())
@@ -137,7 +148,10 @@ class Fp8Config:
         return k // BLOCK // (self.warps_k * self.unroll)
 
     def loaded_first(self, k: int) -> int:
-        """Iterations of weights loaded before the PDL wait (registers: depth; ring: its S stages)."""
+        """Iterations of weights loaded before the PDL wait (registers: depth; ring: its S stages;
+        wgr: K blocks, depth of its unroll)."""
+        if self.wgr:
+            return min(self.depth, self.unroll)
         return min(self.bulk if self.bulk else self.depth, self.iterations(k))
 
     def check(self, m: int, n: int, k: int) -> str | None:
@@ -162,7 +176,11 @@ class Fp8Config:
             return f"{self.threads()} threads per block > 1024"
         if self.ki not in (0, 1) or not 0 <= self.hw <= 4:
             return "ki is 0/1, hw is 0..4"
-        if not 1 <= self.depth <= 4:
+        if self.wgr:
+            why = _wgr_fields_ok(self, k)
+            if why:
+                return why
+        elif not 1 <= self.depth <= 4:
             return "depth (iterations of weights in flight) is 1..4"
         if self.minb < 0 or self.minb * self.threads() > 2048:
             return "minb * threads must be <= 2048"
@@ -197,6 +215,30 @@ def _wg_fields_ok(cfg: Fp8Config) -> str | None:
                 f"x {max(cfg.minb, 1)} blocks per SM may hold ({cap}); below it ptxas spills and "
                 "serializes the wgmma")
     return None
+
+
+def _wgr_fields_ok(cfg: Fp8Config, k: int) -> str | None:
+    if cfg.wg or cfg.warps_n != 1 or cfg.tiles != 1 or cfg.bulk or cfg.l2pre or cfg.xahead != 1:
+        return "wgr: not with wg, bulk or l2pre; warps_n, tiles and xahead are 1 (a warpgroup is 64 rows)"
+    if k // BLOCK != cfg.warps_k * cfg.unroll:
+        return f"wgr: warps_k * unroll = {cfg.warps_k * cfg.unroll} must be K/128 = {k // BLOCK} (one pass)"
+    if not min(2, cfg.unroll) <= cfg.depth <= cfg.unroll:
+        # block j's weights are loaded into the registers block j - depth + 1 freed, once its
+        # wgmma are waited for after block j's are issued: one block ahead at least
+        return f"wgr: depth (K blocks of weights in flight) is {min(2, cfg.unroll)}..unroll={cfg.unroll}"
+    regs, cap = wgr_registers(cfg), min(255, 65536 // (cfg.threads() * max(cfg.minb, 1)) // 8 * 8)
+    if regs > cap:
+        return (f"wgr: about {regs} registers a thread (16 per K block of weights in flight, the "
+                f"accumulator and two partials) exceed what {cfg.threads()} threads x "
+                f"{max(cfg.minb, 1)} blocks per SM may hold ({cap})")
+    return None
+
+
+def wgr_registers(cfg: Fp8Config) -> int:
+    """Registers a thread of the register-weights warpgroup kernel needs, about: 16 per K block
+    of weights in flight, the accumulator and two partials (m_tile / 2 each), the activation
+    scales of three K blocks (m_tile / 4 each) and 40 for addresses."""
+    return 16 * min(cfg.depth, cfg.unroll) + 3 * cfg.m_tile // 2 + 3 * cfg.m_tile // 4 + 40
 
 
 def wg_registers(cfg: Fp8Config) -> int:

@@ -20,6 +20,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .fp8_config import Fp8Config, bits_ptx
 from .fp8_lane import LaneProgram, acc_entries
 from .fp8_wg import WgProgram
+from .fp8_wgr import WgrProgram
 from .kernels import _imin, _SmemAllocator
 from .ptx import (
     bulk_g2s,
@@ -45,6 +46,7 @@ from .ptx_wg import (
     keep_regs,
     ld_smem32,
     make_desc,
+    st_smem32,
     wg_commit,
     wg_fence,
     wg_wait,
@@ -148,6 +150,7 @@ class _Ops:
     fence_regs = staticmethod(fence_regs)
     ld_smem32 = staticmethod(ld_smem32)
     keep_regs = staticmethod(keep_regs)
+    st_smem32 = staticmethod(st_smem32)
 
 
 @cute.jit
@@ -167,7 +170,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
     MT, R, WN, WK = cfg.m_tile, cfg.tiles, cfg.warps_n, cfg.warps_k
     NTHR = cfg.threads()
     GRID = cfg.grid(n)
-    OUT_BLK = WN * R * MT * 8
+    OUT_BLK = 64 * MT if cfg.wgr else WN * R * MT * 8
     PDL = cfg.pdl
     N, K = n, k
     OUT_T = Float32 if o == 1 else BFloat16
@@ -190,15 +193,18 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         t = lane % 4
         wn = warp % WN
         wk = warp // WN
-        if cutlass.const_expr(cfg.wg):  # warps_k counts warpgroups (warps_n is 1)
+        if cutlass.const_expr(cfg.wg or cfg.wgr):  # warps_k counts warpgroups (warps_n is 1)
             wk = warp // 4
         n_tile0 = (bid * WN + wn) * (8 * R)
+        if cutlass.const_expr(cfg.wgr):
+            n_tile0 = bid * 64
+            g = g + 16 * (warp % 4)  # the thread's row in the 64-row tile
 
         if cutlass.const_expr(PDL and cfg.early):
             # the next kernel may launch at once: its blocks become resident beside this grid's
             # where an SM has room and load their weights while this one runs
             cute.arch.griddepcontrol_launch_dependents()
-        ln = (WgProgram if cfg.wg else LaneProgram)(_Ops, cfg, N, K, a, b)
+        ln = (WgrProgram if cfg.wgr else WgProgram if cfg.wg else LaneProgram)(_Ops, cfg, N, K, a, b)
         ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
                          mSB.stride[0], mSB.stride[1])
         smem = _SmemAllocator()
@@ -213,6 +219,9 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
             ring = smem.allocate_tensor(Int32, cute.make_layout(WK * cfg.bulk * ln.stage_bytes // 4),
                                         byte_alignment=128)
             ln.setup_wg(Int32(ring.iterator.toint()), tid % 128, wk + 1)
+        if cutlass.const_expr(cfg.wgr):
+            xs = smem.allocate_tensor(Int32, cute.make_layout(WK * cfg.wgr_x_bytes() // 4), byte_alignment=128)
+            ln.setup_wg(Int32(xs.iterator.toint()), tid % 128, wk + 1)
         pre = ln.preload()
         if cutlass.const_expr(tl is not None):
             _tl_stamp(tl, tid, bid, 1)
@@ -231,7 +240,36 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         # outputs are computed for clamped coordinates (valid loads of the row / column scales)
         # and stored under the predicate: the predicated regions hold stores only
         ents = acc_entries(R, MT, g, t)
-        if cutlass.const_expr(WK == 1):
+        if cutlass.const_expr(cfg.wgr):
+            # each thread's D values: straight to out (one warpgroup) or into the reduction
+            wents = ln.entries(g, t)
+            if cutlass.const_expr(WK == 1):
+                for q in cutlass.range_constexpr(len(wents)):
+                    e, m, row = wents[q]
+                    col = n_tile0 + row
+                    v = ln.final(acc[e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                    if m < m_rows:
+                        if col < N:
+                            mO[m, col] = v
+            else:
+                wred = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
+                for q in cutlass.range_constexpr(len(wents)):
+                    e, m, row = wents[q]
+                    wred[ln.red_slot(wk, row, m)] = acc[e]
+                cute.arch.sync_threads()
+                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                    idx = tid + p * NTHR
+                    idc = _imin(idx, OUT_BLK - 1)
+                    s = Float32(0.0)
+                    for qq in cutlass.range_constexpr(WK):
+                        s = s + wred[qq * OUT_BLK + idc]
+                    m, col = ln.out_coord(bid, idc)
+                    v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                    if idx < OUT_BLK:
+                        if m < m_rows:
+                            if col < N:
+                                mO[m, col] = v
+        elif cutlass.const_expr(WK == 1):
             # wg: only warp 0 of the warpgroup holds token rows (the others, wgmma rows 16..63)
             m_lim = m_rows * Int32(warp % 4 == 0) if cutlass.const_expr(cfg.wg) else m_rows
             for q in cutlass.range_constexpr(len(ents)):

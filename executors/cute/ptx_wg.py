@@ -1,6 +1,6 @@
 """Inline-PTX operations of the warpgroup fp8 GEMM (Fp8Config.wg; imports cutlass: load lazily):
 16-byte cp.async copies into shared memory with their commit groups, the async-proxy fence, a
-named barrier per warpgroup, 4-byte shared-memory loads, shared-memory matrix descriptors and wgmma
+named barrier per warpgroup, 4-byte shared-memory loads and stores, shared-memory matrix descriptors and wgmma
 (fp8 e4m3 x e4m3, fp32 accumulate, A from registers, B from shared memory) with its fence,
 commit and wait."""
 
@@ -94,6 +94,12 @@ def ld_smem32(addr: Int32, *, loc=None, ip=None):
     return Int32(llvm.inline_asm(T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)],
                                  "ld.shared.b32 $0, [$1];", "=r,r", has_side_effects=True,
                                  is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def st_smem32(addr: Int32, val: Int32, *, loc=None, ip=None):
+    """4-byte shared-memory store (the register-weights kernel's staging of x)."""
+    _asm("st.shared.b32 [$0], $1;", "r,r", [Int32(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)])
 
 
 @dsl_user_op

@@ -1,0 +1,83 @@
+"""CPU emulator of the register-weights warpgroup fp8 GEMM (Fp8Config.wgr): runs
+executors.cute.fp8_wgr.WgrProgram on numpy vectors of a warpgroup's 128 threads with the wgmma
+of tests/fp8emu_wg.py (A from the register fragments, here the weights; B through its
+shared-memory descriptor, here the staged x). A 4-byte shared store lands at once for the
+generic proxy; wgmma refuses bytes not fenced to the async proxy and then past the warpgroup's
+barrier, and a store into bytes a wgmma group not yet waited for reads. Each warpgroup's x region
+must lie apart from the others'. Not modelled, as in fp8emu_wg: the warps' progress within a
+warpgroup, wgmma.fence, and register reuse under an in-flight wgmma (the program keeps the A
+registers live past the wait; the GPU tests cover it). The epilogue is rebuilt from the program's
+index helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from executors.cute.fp8 import Fp8Config
+from executors.cute.fp8_wgr import WgrProgram
+from tests.fp8emu import Memory, reduced_outputs
+from tests.fp8emu_wg import LANDED, WG, WLANES, WT, WgOps
+
+ROW_G = 16 * (WLANES // 32) + WG  # a thread's row in the 64-row tile
+
+
+class WgrOps(WgOps):
+    def st_smem32(self, addr, val):
+        a = self._vec(addr)
+        v = np.broadcast_to(np.asarray(val, dtype=np.int64), (self.LANES,)) & 0xFFFFFFFF
+        assert (a % 4 == 0).all() and (a > 0).all() and (a + 4 <= self.smem.size).all(), "st.shared out of range"
+        idx = a[:, None] + np.arange(4)
+        for reads in self.wg_groups + [self.open_reads]:
+            assert not reads[idx].any(), "store into bytes a pending wgmma reads"
+        self.smem[idx] = (v[:, None] >> (8 * np.arange(4))) & 0xFF
+        self.state[idx] = LANDED
+        self.gvis[idx] = self.avis[idx] = False
+
+
+def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrProgram):
+    """out[M, N] (fp32) as the kernel computes it (row-major operands and scales); and the wgmma
+    count."""
+    m, k = x_u8.shape
+    n = w_u8.shape[0]
+    assert cfg.wgr and cfg.check(m, n, k) is None, cfg.check(m, n, k)
+    mem = Memory(1024 + x_u8.size + w_u8.size + 4 * (sa.size + sb.size) + 4 * 256)
+    x_base = mem.put_strided(x_u8, (k, 1), 1)
+    w_base = mem.put_strided(w_u8, (k, 1), 1)
+    sa_base = mem.put_strided(sa.astype(np.float32), (sa.shape[1], 1), 4)
+    sb_base = mem.put_strided(sb.astype(np.float32), (sb.shape[1], 1), 4)
+    ops = WgrOps(mem)
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    writes = np.zeros((m, n), dtype=np.int64)
+    WK = cfg.warps_k
+    for bid in range(cfg.grid(n)):
+        ops.new_block(128 + cfg.smem_bytes())
+        red = np.full(WK * 64 * cfg.m_tile, np.nan, dtype=np.float32)
+        ln = None
+        for wk in range(WK):
+            ln = program(ops, cfg, n, k, a, b)
+            ln.setup_weights(w_base, bid * 64, ROW_G, WT, wk, sb_base, sb.shape[1], 1)
+            ln.setup_wg(np.int64(128), WLANES, wk + 1)
+            lo = int(np.unique(np.asarray(ln.region))[0])
+            ops.claim(lo, lo + ln.x_bytes)
+            pre = ln.preload()
+            ln.setup_acts(x_base, k, m, ROW_G, WT, sa_base, sa.shape[1], 1)
+            acc = ln.run(pre)
+            assert not ops.wg_groups, "wgmma groups never waited for"
+            for e, mm, row in ln.entries(ROW_G, WT):
+                if WK == 1:
+                    col = bid * 64 + row
+                    v = np.broadcast_to(ln.final(acc[e], np.minimum(mm, m - 1), np.minimum(col, n - 1)), (128,))
+                    ok = (mm < m) & (col < n)
+                    np.add.at(writes, (mm[ok], col[ok]), 1)
+                    out[mm[ok], col[ok]] = v[ok]
+                else:
+                    slot = ln.red_slot(wk, row, mm)
+                    assert np.isnan(red[slot]).all(), "two values for one reduction slot"
+                    red[slot] = acc[e]
+        if WK > 1:
+            for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
+                ok = (mm < m) & (col < n)
+                np.add.at(writes, (mm[ok], col[ok]), 1)
+                out[mm[ok], col[ok]] = v[ok]
+    assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
+    return out, ops.wgmma_calls

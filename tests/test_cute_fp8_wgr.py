@@ -1,0 +1,179 @@
+"""The register-weights warpgroup fp8 GEMM (Fp8Config.wgr: 64 weight rows as wgmma's A straight
+from global memory into registers, x staged into shared memory in the same K permutation as B):
+its emulated program against the fp64 reference over configs and scale kinds, the emulator's
+refusals of a missing fence and of a wrong staging order, the config checks, the sweep's
+candidates, the PTX / SASS it compiles to, and (marker ``gpu``) the kernel on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from executors.cute import fp8, fp8_wgr
+from executors.cute.fp8 import Fp8Config
+from tests.cuteutil import gpu
+from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, ref64, scales
+from tests.fp8emu import random_e4m3_bytes
+from tests.fp8emu_wgr import emulate_wgr
+
+
+def wgr(**kw) -> Fp8Config:
+    return Fp8Config(tiles=1, wgr=True, **kw)
+
+
+# (config, M, N, K): one and several warpgroups along K, depth below / equal to the K blocks,
+# a partial last tile (N % 64), m_tile 8 and 16 at M below it, one K block, the early launch
+WGR_CASES = [
+    (wgr(m_tile=16, warps_k=2, unroll=2, depth=2), 11, 100, 512),
+    (wgr(m_tile=8, warps_k=1, unroll=3, depth=2), 5, 64, 384),
+    (wgr(m_tile=16, warps_k=4, unroll=1, depth=1, early=True), 16, 130, 512),
+    (wgr(m_tile=8, warps_k=3, unroll=2, depth=2), 8, 72, 768),
+    (wgr(m_tile=16, warps_k=1, unroll=5, depth=3), 9, 40, 640),
+    (wgr(m_tile=8, warps_k=1, unroll=1, depth=1), 1, 200, 128),
+]
+
+
+def _operands(seed, m, n, k, ka, kb_):
+    rng = np.random.default_rng(seed)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    return x, w, scales(rng, ka, m, k, "a"), scales(rng, kb_, n, k, "b")
+
+
+@pytest.mark.parametrize("case", range(len(WGR_CASES)))
+@pytest.mark.parametrize("kinds", [("block", "block"), ("tensor", "tensor"), ("row", "col"), ("block", "col")])
+def test_emulated_wgr_kernel_matches_fp64_reference(case, kinds):
+    cfg, m, n, k = WGR_CASES[case]
+    ka, kb_ = kinds
+    x, w, sa, sb = _operands(10 * case + len(ka), m, n, k, ka, kb_)
+    out, calls = emulate_wgr(cfg, x, w, sa, sb, KIND_CODES[ka], KIND_CODES[kb_])
+    ok, rel = close(out, ref64(x, w, sa, sb, ka, kb_), x, w)
+    assert ok, (cfg.key(), kinds, rel)
+    assert calls == cfg.grid(n) * cfg.warps_k * cfg.unroll * 4  # one wgmma per k32 step
+
+
+def test_permutation_is_a_bijection_and_matches_the_fragments():
+    """staged_offset puts every byte of a warpgroup's x range in its own place, and the word a
+    thread loads for register a0 of step s (row g, real K 16t + 4s) is where the descriptor of
+    step s shows column 4t of B's first core matrix."""
+    sbo = 3 * 1024
+    n, kk = np.meshgrid(np.arange(16), np.arange(3 * 128), indexing="ij")
+    offs = fp8_wgr.staged_offset(n, kk, sbo)
+    assert np.unique(offs).size == offs.size and offs.min() == 0 and offs.max() == 16 * 3 * 128 - 1
+    for s in range(4):
+        for t in range(4):
+            for h in range(2):
+                real = 64 * h + 16 * t + 4 * s  # word s (h = 0) or 4 + s (h = 1) of lane t
+                logical = 32 * s + 16 * h + 4 * t
+                want = (logical // 16) * 128 + logical % 16  # token 0, the descriptor's view
+                assert fp8_wgr.staged_offset(0, real, sbo) == want
+
+
+class _NoFence(fp8_wgr.WgrProgram):
+    def run(self, pre):
+        self.o = _SkipFence(self.o)
+        return super().run(pre)
+
+
+class _SkipFence:
+    def __init__(self, ops):
+        self._ops = ops
+
+    def fence_async(self):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+class _SwappedHalves(fp8_wgr.WgrProgram):
+    """Feeds a k32 step's a0 / a1 from the second 64-byte vector and a2 / a3 from the first:
+    the fragments no longer meet the staged x's K order."""
+
+    @staticmethod
+    def frag(wv, s):
+        return [wv[1][s], wv[3][s], wv[0][s], wv[2][s]]
+
+
+@pytest.mark.parametrize("program,message", [(_NoFence, "not landed, fenced"), (_SwappedHalves, None)])
+def test_emulator_catches_wgr_mistakes(program, message):
+    """Negative controls: the staged x not fenced to the async proxy; fragments out of the
+    staging's K order (wrong products)."""
+    cfg, m, n, k = wgr(m_tile=16, warps_k=1, unroll=2, depth=2), 6, 64, 256
+    x, w, sa, sb = _operands(5, m, n, k, "block", "block")
+    good, _ = emulate_wgr(cfg, x, w, sa, sb, 2, 2)
+    assert close(good, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
+    if message is None:
+        bad, _ = emulate_wgr(cfg, x, w, sa, sb, 2, 2, program=program)
+        assert not close(bad, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
+    else:
+        with pytest.raises(AssertionError, match=message):
+            emulate_wgr(cfg, x, w, sa, sb, 2, 2, program=program)
+
+
+@pytest.mark.parametrize("cfg,k,why", [
+    (wgr(warps_k=2, unroll=2, depth=2), 1024, "must be K/128"),
+    (wgr(warps_k=1, unroll=4, depth=1), 512, "depth"),
+    (wgr(warps_k=1, unroll=4, depth=5), 512, "depth"),
+    (Fp8Config(tiles=2, warps_k=1, unroll=4, depth=2, wgr=True), 512, "tiles"),
+    (wgr(warps_k=1, unroll=4, depth=2, bulk=2), 512, "not with wg, bulk"),
+    (wgr(warps_k=8, unroll=1, depth=1, m_tile=16, minb=2), 1024, "registers"),
+])
+def test_wgr_config_checks(cfg, k, why):
+    assert why in cfg.check(16, 256, k)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_wgr_sweep_candidates(name):
+    n, k = SHAPES[name]
+    for m in (8, 16):
+        cands = fp8.fp8_wgr_grid(m, n, k)
+        assert cands[0] == fp8.default_fp8_config(m, n, k)
+        assert len(cands) >= 3 and len(set(cands)) == len(cands)
+        assert all(c.wgr and c.check(m, n, k) is None for c in cands[1:])
+        assert any(c.early for c in cands) and any(c.minb == 2 for c in cands)
+
+
+@pytest.mark.parametrize("cfg,n,k", [(wgr(m_tile=16, warps_k=4, unroll=4, depth=3), 7168, 2048),
+                                     (wgr(m_tile=8, warps_k=2, unroll=9, depth=6, early=True), 7168, 2304),
+                                     (wgr(m_tile=8, warps_k=1, unroll=4, depth=2), 4096, 512)])
+def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
+    need_cutlass()
+    import executors.cute as ec
+
+    if ec.nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed (dev extra nvidia-cuda-nvdisasm)")
+    sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
+    assert sass.count(f"QGMMA.64x{cfg.m_tile}x32.F32.E4M3.E4M3") == 4 * cfg.unroll
+    assert "STL" not in sass and "LDL" not in sass
+    wait = sass.index("ACQBULK")
+    # the first depth K blocks' 4 weight vectors and their block scale, all before the wait
+    assert sass.count("LDG", 0, wait) == 5 * cfg.depth
+    assert sass.count("STS", wait) >= 4
+
+
+@gpu
+@pytest.mark.parametrize("name", ["dsv3_o_proj", "dsv3_kv_b", "dsv3_mlp_down", "kda_fb"])
+def test_gpu_wgr_configs(name):
+    """Every sampled wgr candidate against the fp32 reference of the dequantized operands, with
+    poisoned outputs, at M = 3 and 16, bf16 out; and one with row / column scales and fp32 out."""
+    n, k = SHAPES[name]
+    torch.manual_seed(0)
+    for m in (3, 16):
+        x = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+        w = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+        sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.002
+        sb = torch.rand(-(-n // 128), k // 128, device="cuda") * 0.01 + 0.002
+        ref = fp8.dequant_reference(x, w, sa, sb)
+        for cfg in fp8.fp8_wgr_grid(m, n, k)[1::3]:
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (name, m, cfg.key(), err)
+        cfg = fp8.fp8_wgr_grid(m, n, k)[1]
+        sar, sbc = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(n, 1, device="cuda") + 0.5
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+        fp8.gemm_fp8(x, w, sar, sbc, out, config=cfg)
+        ref = fp8.dequant_reference(x, w, sar, sbc)
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, (name, m, cfg.key())
