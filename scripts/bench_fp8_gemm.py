@@ -493,7 +493,7 @@ def gpu_test_kernels() -> set:
                 out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))
             out.add(("fp8", grid[1].to_json(), n, k, "row", "col", "float32"))
     for m in (3, 16):  # test_gpu_wgr_configs
-        for n, k in ((7168, 2048), (4096, 512), (7168, 2304), (1536, 128)):
+        for n, k in ((2112, 7168), (7168, 2048), (4096, 512), (7168, 2304), (1536, 128)):
             grid = fp8.fp8_wgr_grid(m, n, k)
             for c in grid[1::3]:
                 out.add(("fp8", c.to_json(), n, k, "block", "block", "bfloat16"))

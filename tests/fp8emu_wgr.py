@@ -48,14 +48,16 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
     ops = WgrOps(mem)
     out = np.full((m, n), np.nan, dtype=np.float32)
     writes = np.zeros((m, n), dtype=np.int64)
-    WK = cfg.warps_k
+    WK, KS = cfg.warps_k, cfg.ks
+    parts = []  # the block sums of the cluster being run (ks > 1)
     for bid in range(cfg.grid(n)):
+        tile, rank = bid // KS, bid % KS
         ops.new_block(128 + cfg.smem_bytes())
         red = np.full(WK * 64 * cfg.m_tile, np.nan, dtype=np.float32)
         ln = None
         for wk in range(WK):
             ln = program(ops, cfg, n, k, a, b)
-            ln.setup_weights(w_base, bid * 64, ROW_G, WT, wk, sb_base, sb.shape[1], 1)
+            ln.setup_weights(w_base, tile * 64, ROW_G, WT, wk, sb_base, sb.shape[1], 1, rank)
             ln.setup_wg(np.int64(128), WLANES, wk + 1)
             lo = int(np.unique(np.asarray(ln.region))[0])
             ops.claim(lo, lo + ln.x_bytes)
@@ -64,8 +66,8 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
             acc = ln.run(pre)
             assert not ops.wg_groups, "wgmma groups never waited for"
             for e, mm, row in ln.entries(ROW_G, WT):
-                if WK == 1:
-                    col = bid * 64 + row
+                if WK == 1 and KS == 1:
+                    col = tile * 64 + row
                     v = np.broadcast_to(ln.final(acc[e], np.minimum(mm, m - 1), np.minimum(col, n - 1)), (128,))
                     ok = (mm < m) & (col < n)
                     np.add.at(writes, (mm[ok], col[ok]), 1)
@@ -74,7 +76,21 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
                     slot = ln.red_slot(wk, row, mm)
                     assert np.isnan(red[slot]).all(), "two values for one reduction slot"
                     red[slot] = acc[e]
-        if WK > 1:
+        if KS > 1:  # the block's sums (wk order), then the cluster's: rank order, as the kernel
+            assert not np.isnan(red).any(), "reduction slot never written"
+            parts.append(sum(red[q * ln.out_blk:(q + 1) * ln.out_blk] for q in range(WK)).astype(np.float32))
+            if rank == KS - 1:
+                s = np.zeros(ln.out_blk, dtype=np.float32)
+                for q in range(KS):
+                    s = (s + parts[q]).astype(np.float32)
+                parts = []
+                idx = np.arange(ln.out_blk)
+                mm, col = ln.out_coord(tile, idx)
+                v = np.broadcast_to(ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)), idx.shape)
+                ok = (mm < m) & (col < n)
+                np.add.at(writes, (mm[ok], col[ok]), 1)
+                out[mm[ok], col[ok]] = v[ok]
+        elif WK > 1:
             for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
                 ok = (mm < m) & (col < n)
                 np.add.at(writes, (mm[ok], col[ok]), 1)

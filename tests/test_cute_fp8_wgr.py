@@ -31,6 +31,9 @@ WGR_CASES = [
     (wgr(m_tile=8, warps_k=3, unroll=2, depth=2), 8, 72, 768),
     (wgr(m_tile=16, warps_k=1, unroll=5, depth=3), 9, 40, 640),
     (wgr(m_tile=8, warps_k=1, unroll=1, depth=1), 1, 200, 128),
+    (wgr(m_tile=16, warps_k=2, unroll=2, depth=2, ks=2), 13, 100, 1024),
+    (wgr(m_tile=8, warps_k=1, unroll=1, depth=1, ks=4), 7, 64, 512),
+    (wgr(m_tile=16, warps_k=1, unroll=3, depth=2, ks=8, early=True), 16, 70, 3072),
 ]
 
 
@@ -50,6 +53,9 @@ def test_emulated_wgr_kernel_matches_fp64_reference(case, kinds):
     ok, rel = close(out, ref64(x, w, sa, sb, ka, kb_), x, w)
     assert ok, (cfg.key(), kinds, rel)
     assert calls == cfg.grid(n) * cfg.warps_k * cfg.unroll * 4  # one wgmma per k32 step
+    if cfg.ks > 1:  # the cluster's shares cover each tile's outputs once
+        ln = fp8_wgr.WgrProgram(None, cfg, n, k, 2, 2)
+        assert ln.share * cfg.ks == ln.out_blk
 
 
 def test_permutation_is_a_bijection_and_matches_the_fragments():
@@ -118,9 +124,13 @@ def test_emulator_catches_wgr_mistakes(program, message):
     (Fp8Config(tiles=2, warps_k=1, unroll=4, depth=2, wgr=True), 512, "tiles"),
     (wgr(warps_k=1, unroll=4, depth=2, bulk=2), 512, "not with wg, bulk"),
     (wgr(warps_k=8, unroll=1, depth=1, m_tile=16, minb=2), 1024, "registers"),
+    (wgr(warps_k=1, unroll=2, depth=2, ks=3), 768, "ks"),
+    (wgr(warps_k=1, unroll=2, depth=2, ks=2), 512, None),
+    (Fp8Config(warps_k=1, ks=2), 512, "needs wgr"),
 ])
 def test_wgr_config_checks(cfg, k, why):
-    assert why in cfg.check(16, 256, k)
+    got = cfg.check(16, 256, k)
+    assert got is None if why is None else why in got, got
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -136,7 +146,8 @@ def test_wgr_sweep_candidates(name):
 
 @pytest.mark.parametrize("cfg,n,k", [(wgr(m_tile=16, warps_k=4, unroll=4, depth=3), 7168, 2048),
                                      (wgr(m_tile=8, warps_k=2, unroll=9, depth=6, early=True), 7168, 2304),
-                                     (wgr(m_tile=8, warps_k=1, unroll=4, depth=2), 4096, 512)])
+                                     (wgr(m_tile=8, warps_k=1, unroll=4, depth=2), 4096, 512),
+                                     (wgr(m_tile=16, warps_k=2, unroll=7, depth=4, ks=4), 2112, 7168)])
 def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
     need_cutlass()
     import executors.cute as ec
@@ -152,8 +163,9 @@ def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
     assert sass.count("STS", wait) >= 4
 
 
+@pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("name", ["dsv3_o_proj", "dsv3_kv_b", "dsv3_mlp_down", "kda_fb"])
+@pytest.mark.parametrize("name", ["dsv3_qkv_a", "dsv3_o_proj", "dsv3_kv_b", "dsv3_mlp_down", "kda_fb"])
 def test_gpu_wgr_configs(name):
     """Every sampled wgr candidate against the fp32 reference of the dequantized operands, with
     poisoned outputs, at M = 3 and 16, bf16 out; and one with row / column scales and fp32 out."""

@@ -67,6 +67,8 @@ class Fp8Config:
     wgr: bool = False  # register-weights warpgroup kernel (fp8_wgr.py): wgmma with 64 weight rows
     # from registers as A and x from shared memory as B (N = m_tile); warps_k warpgroups split K,
     # each over `unroll` K blocks (warps_k * unroll = K / 128), `depth` K blocks of weights in flight
+    ks: int = 1  # wgr: blocks of a thread-block cluster splitting K (1, 2, 4 or 8), reduced through
+    # distributed shared memory; warps_k * unroll * ks = K / 128
     timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
     # weights are issued, past the PDL wait and at its end (gemm_fp8's `timeline` buffer)
 
@@ -97,7 +99,8 @@ class Fp8Config:
         the warps_k reduction."""
         warps = self.warps_n * self.warps_k
         if self.wgr:
-            return self.warps_k * self.wgr_x_bytes() + (4 * self.warps_k * 64 * self.m_tile if self.warps_k > 1 else 0)
+            red = 4 * self.warps_k * 64 * self.m_tile if self.warps_k > 1 or self.ks > 1 else 0
+            return self.warps_k * self.wgr_x_bytes() + red + (4 * 64 * self.m_tile if self.ks > 1 else 0)
         if self.wg:
             ring = self.warps_k * self.bulk * self.wg_stage_bytes()
         else:
@@ -116,6 +119,7 @@ class Fp8Config:
         d += "_e" if self.early else ""
         d += "_wg" if self.wg else ""
         d += "_wgr" if self.wgr else ""
+        d += f"_ks{self.ks}" if self.ks != 1 else ""
         d += "_tl" if self.timeline else ""
         return (f"fp8_m{self.m_tile}_t{self.tiles}{wn}_wk{self.warps_k}_u{self.unroll}_ki{self.ki}"
                 f"_hw{self.hw}{mb}{d}_pdl{int(self.pdl)}")
@@ -141,7 +145,7 @@ class Fp8Config:
         return 64 if self.wgr else 8 * self.tiles * self.warps_n
 
     def grid(self, n: int) -> int:
-        return _cdiv(n, self.rows_per_block())
+        return _cdiv(n, self.rows_per_block()) * self.ks
 
     def iterations(self, k: int) -> int:
         """Loop iterations per warp (K blocks / (warps_k * unroll))."""
@@ -176,6 +180,8 @@ class Fp8Config:
             return f"{self.threads()} threads per block > 1024"
         if self.ki not in (0, 1) or not 0 <= self.hw <= 4:
             return "ki is 0/1, hw is 0..4"
+        if self.ks != 1 and not self.wgr:
+            return "ks (a cluster along K) needs wgr"
         if self.wgr:
             why = _wgr_fields_ok(self, k)
             if why:
@@ -220,8 +226,11 @@ def _wg_fields_ok(cfg: Fp8Config) -> str | None:
 def _wgr_fields_ok(cfg: Fp8Config, k: int) -> str | None:
     if cfg.wg or cfg.warps_n != 1 or cfg.tiles != 1 or cfg.bulk or cfg.l2pre or cfg.xahead != 1:
         return "wgr: not with wg, bulk or l2pre; warps_n, tiles and xahead are 1 (a warpgroup is 64 rows)"
-    if k // BLOCK != cfg.warps_k * cfg.unroll:
-        return f"wgr: warps_k * unroll = {cfg.warps_k * cfg.unroll} must be K/128 = {k // BLOCK} (one pass)"
+    if cfg.ks not in (1, 2, 4, 8):
+        return f"wgr: ks (blocks of a cluster along K) is 1, 2, 4 or 8, got {cfg.ks}"
+    if k // BLOCK != cfg.warps_k * cfg.unroll * cfg.ks:
+        return (f"wgr: warps_k * unroll * ks = {cfg.warps_k * cfg.unroll * cfg.ks} must be K/128 = "
+                f"{k // BLOCK} (one pass)")
     if not min(2, cfg.unroll) <= cfg.depth <= cfg.unroll:
         # block j's weights are loaded into the registers block j - depth + 1 freed, once its
         # wgmma are waited for after block j's are issued: one block ahead at least

@@ -38,12 +38,14 @@ from .ptx import (
 )
 from .ptx_wg import (
     bar_wg,
+    cluster_sync,
     cp_async16,
     cp_commit,
     cp_wait,
     fence_async,
     fence_regs,
     keep_regs,
+    ld_cluster_f32,
     ld_smem32,
     make_desc,
     st_smem32,
@@ -171,6 +173,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
     NTHR = cfg.threads()
     GRID = cfg.grid(n)
     OUT_BLK = 64 * MT if cfg.wgr else WN * R * MT * 8
+    KS = cfg.ks
     PDL = cfg.pdl
     N, K = n, k
     OUT_T = Float32 if o == 1 else BFloat16
@@ -196,8 +199,11 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         if cutlass.const_expr(cfg.wg or cfg.wgr):  # warps_k counts warpgroups (warps_n is 1)
             wk = warp // 4
         n_tile0 = (bid * WN + wn) * (8 * R)
+        rank = 0
+        tile = bid
         if cutlass.const_expr(cfg.wgr):
-            n_tile0 = bid * 64
+            tile, rank = bid // KS, bid % KS  # a cluster's blocks are consecutive
+            n_tile0 = tile * 64
             g = g + 16 * (warp % 4)  # the thread's row in the 64-row tile
 
         if cutlass.const_expr(PDL and cfg.early):
@@ -205,8 +211,12 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
             # where an SM has room and load their weights while this one runs
             cute.arch.griddepcontrol_launch_dependents()
         ln = (WgrProgram if cfg.wgr else WgProgram if cfg.wg else LaneProgram)(_Ops, cfg, N, K, a, b)
-        ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
-                         mSB.stride[0], mSB.stride[1])
+        if cutlass.const_expr(cfg.wgr):
+            ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
+                             mSB.stride[0], mSB.stride[1], rank)
+        else:
+            ln.setup_weights(mW.iterator.toint(), n_tile0, g, t, wk, mSB.iterator.toint(),
+                             mSB.stride[0], mSB.stride[1])
         smem = _SmemAllocator()
         if cutlass.const_expr(cfg.bulk > 0 and not cfg.wg):
             nw = WN * WK
@@ -243,7 +253,7 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         if cutlass.const_expr(cfg.wgr):
             # each thread's D values: straight to out (one warpgroup) or into the reduction
             wents = ln.entries(g, t)
-            if cutlass.const_expr(WK == 1):
+            if cutlass.const_expr(WK == 1 and KS == 1):
                 for q in cutlass.range_constexpr(len(wents)):
                     e, m, row = wents[q]
                     col = n_tile0 + row
@@ -257,18 +267,46 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                     e, m, row = wents[q]
                     wred[ln.red_slot(wk, row, m)] = acc[e]
                 cute.arch.sync_threads()
-                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                    idx = tid + p * NTHR
-                    idc = _imin(idx, OUT_BLK - 1)
-                    s = Float32(0.0)
-                    for qq in cutlass.range_constexpr(WK):
-                        s = s + wred[qq * OUT_BLK + idc]
-                    m, col = ln.out_coord(bid, idc)
-                    v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                    if idx < OUT_BLK:
-                        if m < m_rows:
-                            if col < N:
-                                mO[m, col] = v
+                if cutlass.const_expr(KS == 1):
+                    for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                        idx = tid + p * NTHR
+                        idc = _imin(idx, OUT_BLK - 1)
+                        s = Float32(0.0)
+                        for qq in cutlass.range_constexpr(WK):
+                            s = s + wred[qq * OUT_BLK + idc]
+                        m, col = ln.out_coord(tile, idc)
+                        v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                        if idx < OUT_BLK:
+                            if m < m_rows:
+                                if col < N:
+                                    mO[m, col] = v
+                else:
+                    # the block's sums, then each block finishes its share from every block's
+                    part = smem.allocate_tensor(Float32, cute.make_layout(OUT_BLK), byte_alignment=16)
+                    for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                        idx = tid + p * NTHR
+                        idc = _imin(idx, OUT_BLK - 1)
+                        s = Float32(0.0)
+                        for qq in cutlass.range_constexpr(WK):
+                            s = s + wred[qq * OUT_BLK + idc]
+                        if idx < OUT_BLK:
+                            part[idc] = s
+                    cluster_sync()
+                    part_at = Int32(part.iterator.toint())
+                    SH = ln.share
+                    for p in cutlass.range_constexpr((SH + NTHR - 1) // NTHR):
+                        j = tid + p * NTHR
+                        idx = rank * SH + _imin(j, SH - 1)
+                        s = Float32(0.0)
+                        for qq in cutlass.range_constexpr(KS):
+                            s = s + ld_cluster_f32(part_at + idx * 4, Int32(qq))
+                        m, col = ln.out_coord(tile, idx)
+                        v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                        if j < SH:
+                            if m < m_rows:
+                                if col < N:
+                                    mO[m, col] = v
+                    cluster_sync()  # no block leaves while the others read its sums
         elif cutlass.const_expr(WK == 1):
             # wg: only warp 0 of the warpgroup holds token rows (the others, wgmma rows 16..63)
             m_lim = m_rows * Int32(warp % 4 == 0) if cutlass.const_expr(cfg.wg) else m_rows
@@ -315,6 +353,8 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         body(mX, mW, mSA, mSB, mO, mT)
 
     launch = dict(grid=(GRID, 1, 1), block=(NTHR, 1, 1), use_pdl=PDL, **attrs)
+    if cfg.ks > 1:
+        launch["cluster"] = [cfg.ks, 1, 1]
     if cfg.timeline:
         @cute.jit
         def host_tl(mX: cute.Tensor, mW: cute.Tensor, mSA: cute.Tensor, mSB: cute.Tensor,

@@ -263,26 +263,31 @@ def fp8_wg_grid(m: int, n: int, k: int, sms: int = SMS, limit: int = 24) -> list
     return out
 
 
-def fp8_wgr_grid(m: int, n: int, k: int) -> list[Fp8Config]:
+def fp8_wgr_grid(m: int, n: int, k: int, sms: int = SMS) -> list[Fp8Config]:
     """The default, then register-weights warpgroup configs (`--sweep wgr` of bench_fp8_gemm.py):
-    per count of warpgroups along K (a divisor of K/128, up to 8), the most K blocks of weights in
-    flight that fit the registers and half of it, without and with a launch bound of two blocks
-    per SM (room for the next kernel's blocks), each with the trigger after the wait and at the
-    start (early)."""
-    base = default_fp8_config(m, n, k)
+    per cluster size along K (ks 1, 2, 4, 8, where the grid of 64-row tiles x ks is between half
+    and three times the SMs, or the smallest above half) and count of warpgroups along K (a divisor,
+    up to 4), the most K blocks of weights in flight that fit the registers, without and with a
+    launch bound of two blocks per SM (room for the next kernel's blocks), each with the trigger
+    after the wait and at the start (early)."""
+    base = default_fp8_config(m, n, k, sms)
     kb = k // BLOCK
     mt = 8 if m <= 8 else 16
+    tiles = _cdiv(n, 64)
+    splits = [ks for ks in (1, 2, 4, 8) if kb % ks == 0]
+    wanted = [ks for ks in splits if sms // 2 <= tiles * ks <= 3 * sms]
+    wanted = wanted or [next((ks for ks in splits if tiles * ks >= sms // 2), splits[-1])]
     out = [base]
-    for wk in [w for w in range(1, 9) if kb % w == 0]:
-        unroll = kb // wk
-        for minb in (0, 2):
-            fit = [d for d in range(min(2, unroll), unroll + 1)
-                   if _fits(Fp8Config(m_tile=mt, tiles=1, warps_k=wk, unroll=unroll, depth=d, minb=minb,
-                                      wgr=True), m, n, k)]
-            for d in sorted({fit[-1], max(fit[-1] // 2, fit[0])} if fit else ()):
-                for early in (False, True):
-                    c = Fp8Config(m_tile=mt, tiles=1, warps_k=wk, unroll=unroll, depth=d, minb=minb,
-                                  early=early, wgr=True)
+    for ks in wanted:
+        for wk in [w for w in range(1, 5) if (kb // ks) % w == 0]:
+            unroll = kb // (ks * wk)
+            for minb in (0, 2):
+                fit = [d for d in range(min(2, unroll), unroll + 1)
+                       if _fits(Fp8Config(m_tile=mt, tiles=1, warps_k=wk, unroll=unroll, depth=d, minb=minb,
+                                          ks=ks, wgr=True), m, n, k)]
+                for early in ((False, True) if fit else ()):
+                    c = Fp8Config(m_tile=mt, tiles=1, warps_k=wk, unroll=unroll, depth=fit[-1], minb=minb,
+                                  ks=ks, early=early, wgr=True)
                     if c not in out:
                         out.append(c)
     return out

@@ -5,8 +5,10 @@ with wgmma emulated from its register fragment and shared-memory matrix descript
 
 D[64, MT] = W[64, K] . X[MT, K]^T per warpgroup: 64 weight rows are wgmma's M (A, from
 registers), the m_tile tokens its N (B, x, from shared memory). A block is ``warps_k``
-warpgroups on one 64-row tile, each over ``unroll`` consecutive 128-wide K blocks (together all
-of K), reduced through shared memory at the end.
+warpgroups on one 64-row tile, each over ``unroll`` consecutive 128-wide K blocks, reduced
+through shared memory at the end; with ``ks`` > 1 a thread-block cluster of ks blocks shares the
+tile, block (rank) r over the r-th ks-th of K, and after the block sums every block reduces a
+ks-th of the tile's outputs from all the cluster's sums (distributed shared memory).
 
 The weights go from global memory straight into the A fragments: per K block, lane (g, t) of warp
 w loads 16 bytes at K offsets 16t and 64 + 16t of rows 16w + g and 16w + g + 8 (a quad's four
@@ -57,14 +59,17 @@ class WgrProgram(LaneProgram):
         self.sbo = self.KPW * 8 * 128
         self.x_bytes = cfg.wgr_x_bytes()
         self.out_blk = ROWS * self.MT
+        self.KS = cfg.ks
+        self.share = self.out_blk // self.KS  # outputs each block of a cluster finishes
         self.chunks = self.MT * self.KPW * 8  # 16-byte chunks of x staged per warpgroup
 
     # ---- set-up ---------------------------------------------------------------------
-    def setup_weights(self, w_base, n_tile0, g, t, wk, sb_base, sbs0, sbs1):
-        """g: the thread's row in the tile, 16 * warp + lane // 4 (rows g and g + 8)."""
+    def setup_weights(self, w_base, n_tile0, g, t, wk, sb_base, sbs0, sbs1, rank=0):
+        """g: the thread's row in the tile, 16 * warp + lane // 4 (rows g and g + 8); rank: the
+        block's in its cluster."""
         o = self.o
         self.wk, self.w_base, self.n_tile0 = wk, w_base, n_tile0
-        self.kb0 = wk * self.KPW
+        self.kb0 = (rank * self.WK + wk) * self.KPW
         self.w_rows = [w_base + o.Int64(o.imin(n_tile0 + g + 8 * h, self.N - 1)) * self.K
                        + o.Int64(t * 16) for h in range(2)]
         self.sb_base, self.sbs0, self.sbs1 = sb_base, o.Int64(sbs0), o.Int64(sbs1)
@@ -182,5 +187,6 @@ class WgrProgram(LaneProgram):
     def red_slot(self, wk, row, m):
         return wk * self.out_blk + m * ROWS + row
 
-    def out_coord(self, bid, idx):
-        return idx // ROWS, bid * ROWS + idx % ROWS
+    def out_coord(self, tile, idx):
+        """(token m, column) of output idx (0 <= idx < out_blk) of 64-row tile `tile`."""
+        return idx // ROWS, tile * ROWS + idx % ROWS

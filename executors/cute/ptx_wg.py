@@ -1,6 +1,7 @@
-"""Inline-PTX operations of the warpgroup fp8 GEMM (Fp8Config.wg; imports cutlass: load lazily):
-16-byte cp.async copies into shared memory with their commit groups, the async-proxy fence, a
-named barrier per warpgroup, 4-byte shared-memory loads and stores, shared-memory matrix descriptors and wgmma
+"""Inline-PTX operations of the warpgroup fp8 GEMMs (Fp8Config.wg / wgr; imports cutlass: load
+lazily): 16-byte cp.async copies into shared memory with their commit groups, the async-proxy
+fence, a named barrier per warpgroup, 4-byte shared-memory loads and stores, the cluster barrier
+and distributed shared-memory loads, shared-memory matrix descriptors and wgmma
 (fp8 e4m3 x e4m3, fp32 accumulate, A from registers, B from shared memory) with its fence,
 commit and wait."""
 
@@ -100,6 +101,22 @@ def ld_smem32(addr: Int32, *, loc=None, ip=None):
 def st_smem32(addr: Int32, val: Int32, *, loc=None, ip=None):
     """4-byte shared-memory store (the register-weights kernel's staging of x)."""
     _asm("st.shared.b32 [$0], $1;", "r,r", [Int32(addr).ir_value(loc=loc, ip=ip), Int32(val).ir_value(loc=loc, ip=ip)])
+
+
+@dsl_user_op
+def cluster_sync(*, loc=None, ip=None):
+    """Every thread of the cluster's blocks arrives (release) and waits (acquire): shared-memory
+    writes before it are visible to the cluster's reads after it."""
+    _asm("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;", "", [])
+
+
+@dsl_user_op
+def ld_cluster_f32(addr: Int32, rank: Int32, *, loc=None, ip=None):
+    """The fp32 at shared address `addr` of the cluster's block `rank` (distributed shared memory)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Int32(addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 a;\n\tmapa.shared::cluster.u32 a, $1, $2;\n\tld.shared::cluster.f32 $0, [a];\n\t}",
+        "=f,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 @dsl_user_op
