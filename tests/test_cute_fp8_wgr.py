@@ -165,7 +165,7 @@ def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("name", ["dsv3_qkv_a", "dsv3_o_proj", "dsv3_kv_b", "dsv3_mlp_down", "kda_fb"])
+@pytest.mark.parametrize("name", ["qkv_a", "o_proj", "kv_b", "mlp_down", "fb"])
 def test_gpu_wgr_configs(name):
     """Every sampled wgr candidate against the fp32 reference of the dequantized operands, with
     poisoned outputs, at M = 3 and 16, bf16 out; and one with row / column scales and fp32 out."""
