@@ -165,27 +165,18 @@ def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("name", ["qkv_a", "o_proj", "kv_b", "mlp_down", "fb"])
-def test_gpu_wgr_configs(name):
-    """Every sampled wgr candidate against the fp32 reference of the dequantized operands, with
-    poisoned outputs, at M = 3 and 16, bf16 out; and one with row / column scales and fp32 out."""
-    n, k = SHAPES[name]
-    torch.manual_seed(0)
-    for m in (3, 16):
-        x = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        w = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn)
-        sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.002
-        sb = torch.rand(-(-n // 128), k // 128, device="cuda") * 0.01 + 0.002
-        ref = fp8.dequant_reference(x, w, sa, sb)
-        for cfg in fp8.fp8_wgr_grid(m, n, k)[1::3]:
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fp8.gemm_fp8(x, w, sa, sb, out, config=cfg)
-            torch.cuda.synchronize()
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            assert err < 1e-2, (name, m, cfg.key(), err)
+@pytest.mark.parametrize("m", [3, 16])
+def test_gpu_wgr_configs(m):
+    """Every third wgr candidate (clusters included) against the fp32 reference of the dequantized
+    operands, poisoned outputs, bf16 out; and the first with per-row / per-column scales into fp32.
+    Its tolerance is the wg kernel's: wgmma accumulates fp8 products in less than fp32 precision
+    inside each 128-wide K block (measured above 1e-4 here, so not the lane kernel's 1e-5)."""
+    from tests.test_cute_fp8_gpu import _check_call, _check_gpu_configs
+
+    names = ("qkv_a", "o_proj", "kv_b", "mlp_down", "fb")
+    _check_gpu_configs(m, names, lambda m, n, k: fp8.fp8_wgr_grid(m, n, k)[1::3], seed=71 + m)
+    for name in names:
+        n, k = SHAPES[name]
         cfg = fp8.fp8_wgr_grid(m, n, k)[1]
-        sar, sbc = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(n, 1, device="cuda") + 0.5
-        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
-        fp8.gemm_fp8(x, w, sar, sbc, out, config=cfg)
-        ref = fp8.dequant_reference(x, w, sar, sbc)
-        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, (name, m, cfg.key())
+        _check_call(m, n, k, ("row", "col"), 81 + m, torch.float32, f"{name} {cfg.key()} row/col fp32", 6e-3,
+                    config=cfg)
