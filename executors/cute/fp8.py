@@ -32,7 +32,8 @@ Public API (torch / cutlass imported lazily: importing this module needs neither
   ``fp8_bulk_grid(m, n, k)`` (the bulk-copy ring's sweep), ``fp8_ahead_grid(m, n, k)``,
   ``fp8_pre_grid(m, n, k)`` (the L2 prefetch before the PDL wait), ``fp8_hold_grid(m, n, k)``
   (rings held on chip beside the next kernel's blocks), ``fp8_wg_grid(m, n, k)`` (the warpgroup
-  wgmma kernel, Fp8Config.wg),
+  wgmma kernel, Fp8Config.wg), ``fp8_wgr_grid(m, n, k)`` (the register-weights warpgroup kernel,
+  Fp8Config.wgr, with its clusters along K),
   ``compile_fp8_for_arch(...)`` (PTX / SASS without a GPU), ``get_fp8_kernel(...)``
 
 Kernels are compiled once per (config, N, K, scale kinds, out dtype, arch), cached in process and
@@ -46,8 +47,11 @@ copies that complete on an mbarrier per stage (fp8_lane.py describes the protoco
 scales are loaded ``xahead`` iterations ahead. ``Fp8Config.wg`` selects the warpgroup kernel
 instead (fp8_wg.py): Hopper's native fp8 wgmma (x from registers, the weights from shared
 memory), so neither operand is converted (tokens as the wgmma's M, 8 * tiles weight rows per
-warpgroup as its N); measured slower than the lane program, in no default.
-The measured table picks per shape and M bucket.
+warpgroup as its N); measured slower than the lane program, in no default. ``Fp8Config.wgr``
+selects the register-weights warpgroup kernel (fp8_wgr.py): 64 weight rows as wgmma's A straight
+from global memory into the fragments, x staged into shared memory in the same K permutation as
+B, warpgroups and optionally a thread-block cluster (``ks``) splitting K; the table uses it at
+DeepSeek-V3 q_b for M <= 8. The measured table picks per shape and M bucket.
 """
 
 from __future__ import annotations

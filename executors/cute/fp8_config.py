@@ -1,8 +1,8 @@
 """Configurations of the fp8 skinny GEMM and its exact fp8 -> f16 word conversion (pure Python).
 
-Shared by the launcher (fp8.py), the lane and warpgroup programs (fp8_lane.py, fp8_wg.py), the
-kernel builder (fp8_kernels.py) and the sweeps (fp8_sweeps.py), so none of them imports
-another's module for these names.
+Shared by the launcher (fp8.py), the lane and warpgroup programs (fp8_lane.py, fp8_wg.py,
+fp8_wgr.py), the kernel builder (fp8_kernels.py) and the sweeps (fp8_sweeps.py), so none of them
+imports another's module for these names.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ class Fp8Config:
     """One kernel variant. A warp owns ``tiles`` n8 tiles (8 weight rows each) and a share of K;
     a block is ``warps_n`` x ``warps_k`` warps (shared-memory reduction over warps_k). With
     ``wg`` a warpgroup of 4 warps takes a warp's place: its 8 * tiles rows are the wgmma N,
-    ``warps_k`` counts warpgroups and ``bulk`` (2..8) is its ring's stages."""
+    ``warps_k`` counts warpgroups and ``bulk`` (2..8) is its ring's stages. With ``wgr`` a
+    warpgroup owns 64 rows (the wgmma M) over ``unroll`` K blocks, ``depth`` of them loaded
+    before the PDL wait, and ``ks`` blocks of a cluster split K further."""
 
     m_tile: int = 16  # token rows per mma (8 or 16); runtime M <= m_tile
     tiles: int = 2  # n8 tiles per warp: 1, 2 or 4, with wg also 8 (rows stay inside one 128-row block)
