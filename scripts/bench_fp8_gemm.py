@@ -536,6 +536,21 @@ def precompile(shapes, ms, sweep: str | None, bf16: bool, jobs: int, log, tests:
 
 
 # --------------------------------------------------------------------------------------
+def start_report(out: Path, title: str):
+    """(the Report at `out`, the GPU's properties) with the run's header written, or (report,
+    None) after a line saying why there is no GPU to run on."""
+    log = Report(out)
+    if not torch.cuda.is_available() or not ec.available():
+        log("needs a CUDA GPU with cc >= 9.0 and nvidia-cutlass-dsl")
+        return log, None
+    props = torch.cuda.get_device_properties(0)
+    log(f"# {title}, {props.name}, {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
+    log(f"command: {' '.join(sys.argv)}")
+    log(f"torch {torch.__version__} (CUDA {torch.version.cuda}), nvidia-cutlass-dsl {ec._cutlass_version()}, "
+        f"{props.multi_processor_count} SMs")
+    return log, props
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/fp8_gemm/fp8_gemm.md",
@@ -574,15 +589,9 @@ def main():
                    sweep_kinds=args.sweep_kinds)
         return 0
     out = Path(args.out)
-    log = Report(out)
-    if not torch.cuda.is_available() or not ec.available():
-        log("needs a CUDA GPU with cc >= 9.0 and nvidia-cutlass-dsl")
+    log, props = start_report(out, "fp8 decode GEMMs")
+    if props is None:
         return 1
-    props = torch.cuda.get_device_properties(0)
-    log(f"# fp8 decode GEMMs, {props.name}, {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-    log(f"command: {' '.join(sys.argv)}")
-    log(f"torch {torch.__version__} (CUDA {torch.version.cuda}), nvidia-cutlass-dsl {ec._cutlass_version()}, "
-        f"{props.multi_processor_count} SMs")
     if args.jobs > 0:
         precompile(shapes, ms, args.sweep, not args.no_bf16, args.jobs, log, sweep_kinds=args.sweep_kinds)
     bw = read_bandwidth()

@@ -26,7 +26,6 @@ Usage: python scripts/bench_launch_bound.py --out /tmp/launch_bound/launch_bound
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -39,11 +38,11 @@ from bench_fp8_gemm import (
     SHAPES,
     TARGET_FLOOR,
     Acts,
-    Report,
     Weights,
     _compile_worker,
     read_bandwidth,
     rel_err,
+    start_report,
     time_graphs,
 )
 
@@ -190,16 +189,9 @@ def main():
         precompile(shapes, args.jobs, print)
         return 0
     out = Path(args.out)
-    log = Report(out)
-    if not torch.cuda.is_available() or not ec.available():
-        log("needs a CUDA GPU with cc >= 9.0 and nvidia-cutlass-dsl")
+    log, props = start_report(out, "launch bounds of the fp8 GEMM's shapes")
+    if props is None:
         return 1
-    props = torch.cuda.get_device_properties(0)
-    log(f"# launch bounds of the fp8 GEMM's shapes, {props.name}, "
-        f"{dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}")
-    log(f"command: {' '.join(sys.argv)}")
-    log(f"torch {torch.__version__} (CUDA {torch.version.cuda}), nvidia-cutlass-dsl {ec._cutlass_version()}, "
-        f"{props.multi_processor_count} SMs")
     bw = read_bandwidth()
     log(f"read bandwidth (torch.sum over 2 GiB bf16): {bw / 1e12:.3f} TB/s")
     log(f"CUDA-graph replay, {args.iters} calls per graph over {NSETS} rotated weight sets, median of "

@@ -12,6 +12,7 @@ import torch
 import executors.cute as ec
 from executors.cute import fp8
 from executors.cute.fp8 import BLOCK
+from tests.fp8emu import random_e4m3_bytes
 
 # DeepSeek-V3 TP8 decode shapes (N, K) and the KDA shapes with fp8 weights
 DSV3 = {"qkv_a": (2112, 7168), "q_b": (3072, 1536), "kv_b": (4096, 512), "o_proj": (7168, 2048),
@@ -34,6 +35,13 @@ def scales(rng, kind: str, rows: int, k: int, operand: str) -> np.ndarray:
     shape = {"tensor": (1, 1), "row": (rows, 1), "col": (rows, 1),
              "block": (rows, kb) if operand == "a" else (-(-rows // BLOCK), kb)}[kind]
     return rng.uniform(0.25, 4.0, size=shape).astype(np.float32)
+
+
+def operands(seed, m, n, k, ka, kb_):
+    """Random e4m3 x [m, k] and w [n, k] bytes (no NaNs) with scales of these kinds (numpy)."""
+    rng = np.random.default_rng(seed)
+    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
+    return x, w, scales(rng, ka, m, k, "a"), scales(rng, kb_, n, k, "b")
 
 
 def ref64(x_u8, w_u8, sa, sb, ka, kb_):

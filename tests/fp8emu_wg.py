@@ -156,16 +156,46 @@ class WgOps(NumpyOps):
         return list(vals)
 
 
+def place_operands(x_u8, w_u8, sa, sb):
+    """(memory, x, w, scale_a, scale_b addresses): the operands and scales row-major in a fresh
+    emulated device memory."""
+    mem = Memory(1024 + x_u8.size + w_u8.size + 4 * (sa.size + sb.size) + 4 * 256)
+    k = x_u8.shape[1]
+    return (mem, mem.put_strided(x_u8, (k, 1), 1), mem.put_strided(w_u8, (k, 1), 1),
+            mem.put_strided(sa.astype(np.float32), (sa.shape[1], 1), 4),
+            mem.put_strided(sb.astype(np.float32), (sb.shape[1], 1), 4))
+
+
+class _SkipFence:
+    """An ops namespace without the async-proxy fence (the others passed through)."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def fence_async(self):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+def without_fence(program):
+    """A negative control: `program` whose run() never fences its shared-memory writes to the
+    async proxy."""
+    class NoFence(program):
+        def run(self, pre):
+            self.o = _SkipFence(self.o)
+            return super().run(pre)
+
+    return NoFence
+
+
 def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgProgram):
     """out[M, N] (fp32) as the warpgroup kernel computes it (row-major operands and scales)."""
     m, k = x_u8.shape
     n = w_u8.shape[0]
     assert cfg.wg and cfg.check(m, n, k) is None, cfg.check(m, n, k)
-    mem = Memory(1024 + x_u8.size + w_u8.size + 4 * (sa.size + sb.size) + 4 * 256)
-    x_base = mem.put_strided(x_u8, (k, 1), 1)
-    w_base = mem.put_strided(w_u8, (k, 1), 1)
-    sa_base = mem.put_strided(sa.astype(np.float32), (sa.shape[1], 1), 4)
-    sb_base = mem.put_strided(sb.astype(np.float32), (sb.shape[1], 1), 4)
+    mem, x_base, w_base, sa_base, sb_base = place_operands(x_u8, w_u8, sa, sb)
     ops = WgOps(mem)
     out = np.full((m, n), np.nan, dtype=np.float32)
     writes = np.zeros((m, n), dtype=np.int64)

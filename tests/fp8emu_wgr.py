@@ -15,8 +15,8 @@ import numpy as np
 
 from executors.cute.fp8 import Fp8Config
 from executors.cute.fp8_wgr import WgrProgram
-from tests.fp8emu import Memory, reduced_outputs
-from tests.fp8emu_wg import LANDED, WG, WLANES, WT, WgOps
+from tests.fp8emu import reduced_outputs
+from tests.fp8emu_wg import LANDED, WG, WLANES, WT, WgOps, place_operands
 
 ROW_G = 16 * (WLANES // 32) + WG  # a thread's row in the 64-row tile
 
@@ -40,11 +40,7 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
     m, k = x_u8.shape
     n = w_u8.shape[0]
     assert cfg.wgr and cfg.check(m, n, k) is None, cfg.check(m, n, k)
-    mem = Memory(1024 + x_u8.size + w_u8.size + 4 * (sa.size + sb.size) + 4 * 256)
-    x_base = mem.put_strided(x_u8, (k, 1), 1)
-    w_base = mem.put_strided(w_u8, (k, 1), 1)
-    sa_base = mem.put_strided(sa.astype(np.float32), (sa.shape[1], 1), 4)
-    sb_base = mem.put_strided(sb.astype(np.float32), (sb.shape[1], 1), 4)
+    mem, x_base, w_base, sa_base, sb_base = place_operands(x_u8, w_u8, sa, sb)
     ops = WgrOps(mem)
     out = np.full((m, n), np.nan, dtype=np.float32)
     writes = np.zeros((m, n), dtype=np.int64)

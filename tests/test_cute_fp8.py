@@ -196,10 +196,27 @@ def default_ptx():
             for key, name in _default_cases().items()}
 
 
+def _check_wgr_ptx(cfg, ptx, tag):
+    """A register-weights warpgroup default: 4 weight vectors and 4 wgmma per K block, the first
+    depth blocks' vectors before the wait, x staged after it, no f16 mma or conversion."""
+    u = cfg.unroll
+    assert ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.u32") == 4 * u, tag
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{cfg.m_tile}k32.f32.e4m3.e4m3") == 4 * u, tag
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.count("ld.global.nc.L1::no_allocate", 0, wait) == 4 * cfg.depth, tag
+    assert ptx.find("ld.global.v4.u32") > wait and ptx.count("st.shared.b32") >= 4, tag
+    assert "mma.sync" not in ptx and "cvt.rn.f16x2.e4m3x2" not in ptx, tag
+    assert ptx.count("ld.global.nc.f32") == u, tag  # one weight block scale per K block
+    assert ".local" not in ptx, tag
+
+
 def test_ptx_of_default_configs(default_ptx):
     for (cfg, _n, k), (name, ptx) in default_ptx.items():
         tag = f"{name} {cfg.key()}"
         assert ".target sm_90a" in ptx, tag
+        if cfg.wgr:
+            _check_wgr_ptx(cfg, ptx, tag)
+            continue
         nit, r, u = cfg.iterations(k), cfg.tiles, cfg.unroll
         w_loads = ptx.count("ld.global.nc.L1::no_allocate.L2::256B.v4.u32")
         if cfg.bulk:  # through the ring: one copy per iteration, one shared load per vector

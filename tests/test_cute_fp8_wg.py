@@ -14,9 +14,8 @@ from executors.cute import fp8, fp8_wg
 from executors.cute.fp8 import Fp8Config
 from executors.cute.fp8_config import blocks_per_sm
 from tests.cuteutil import gpu
-from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, ref64, scales
-from tests.fp8emu import random_e4m3_bytes
-from tests.fp8emu_wg import WgOps, emulate_wg
+from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, operands, ref64
+from tests.fp8emu_wg import WgOps, emulate_wg, without_fence
 
 
 def wg(**kw) -> Fp8Config:
@@ -37,18 +36,12 @@ WG_CASES = [
 ]
 
 
-def _operands(seed, m, n, k, ka, kb_):
-    rng = np.random.default_rng(seed)
-    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
-    return x, w, scales(rng, ka, m, k, "a"), scales(rng, kb_, n, k, "b")
-
-
 @pytest.mark.parametrize("case", range(len(WG_CASES)))
 @pytest.mark.parametrize("kinds", [("block", "block"), ("tensor", "tensor"), ("row", "col"), ("row", "block")])
 def test_emulated_wg_kernel_matches_fp64_reference(case, kinds):
     cfg, m, n, k = WG_CASES[case]
     ka, kb_ = kinds
-    x, w, sa, sb = _operands(10 * case + len(ka), m, n, k, ka, kb_)
+    x, w, sa, sb = operands(10 * case + len(ka), m, n, k, ka, kb_)
     out, calls = emulate_wg(cfg, x, w, sa, sb, KIND_CODES[ka], KIND_CODES[kb_])
     ok, rel = close(out, ref64(x, w, sa, sb, ka, kb_), x, w)
     assert ok, (cfg.key(), kinds, rel)
@@ -56,21 +49,7 @@ def test_emulated_wg_kernel_matches_fp64_reference(case, kinds):
     assert calls == cfg.grid(n) * cfg.warps_k * cfg.iterations(k) * cfg.unroll * 4
 
 
-class _NoFence(fp8_wg.WgProgram):
-    def run(self, pre):
-        self.o = _SkipFence(self.o)
-        return super().run(pre)
-
-
-class _SkipFence:
-    def __init__(self, ops):
-        self._ops = ops
-
-    def fence_async(self):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self._ops, name)
+_NoFence = without_fence(fp8_wg.WgProgram)
 
 
 class _EarlyRefill(fp8_wg.WgProgram):
@@ -98,7 +77,7 @@ def test_emulator_catches_wg_mistakes(program, message):
     reads, and the weights' descriptor with its two offsets exchanged (wrong products, or reads
     of bytes never copied)."""
     cfg, m, n, k = wg(m_tile=16, tiles=2, warps_k=1, unroll=1, bulk=2), 6, 32, 512
-    x, w, sa, sb = _operands(5, m, n, k, "block", "block")
+    x, w, sa, sb = operands(5, m, n, k, "block", "block")
     good, _ = emulate_wg(cfg, x, w, sa, sb, 2, 2)
     assert close(good, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
     if message is None:
@@ -149,7 +128,7 @@ class _OverlappingRings(fp8_wg.WgProgram):
 
 def test_emulator_catches_overlapping_warpgroup_rings():
     cfg, m, n, k = wg(m_tile=8, tiles=1, warps_k=2, unroll=1, bulk=2), 3, 16, 512
-    x, w, sa, sb = _operands(9, m, n, k, "block", "block")
+    x, w, sa, sb = operands(9, m, n, k, "block", "block")
     with pytest.raises(AssertionError, match="overlaps"):
         emulate_wg(cfg, x, w, sa, sb, 2, 2, program=_OverlappingRings)
 

@@ -13,8 +13,8 @@ import torch
 from executors.cute import fp8, fp8_wgr
 from executors.cute.fp8 import Fp8Config
 from tests.cuteutil import gpu
-from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, ref64, scales
-from tests.fp8emu import random_e4m3_bytes
+from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, operands, ref64
+from tests.fp8emu_wg import without_fence
 from tests.fp8emu_wgr import emulate_wgr
 
 
@@ -37,18 +37,12 @@ WGR_CASES = [
 ]
 
 
-def _operands(seed, m, n, k, ka, kb_):
-    rng = np.random.default_rng(seed)
-    x, w = random_e4m3_bytes(rng, (m, k)), random_e4m3_bytes(rng, (n, k))
-    return x, w, scales(rng, ka, m, k, "a"), scales(rng, kb_, n, k, "b")
-
-
 @pytest.mark.parametrize("case", range(len(WGR_CASES)))
 @pytest.mark.parametrize("kinds", [("block", "block"), ("tensor", "tensor"), ("row", "col"), ("block", "col")])
 def test_emulated_wgr_kernel_matches_fp64_reference(case, kinds):
     cfg, m, n, k = WGR_CASES[case]
     ka, kb_ = kinds
-    x, w, sa, sb = _operands(10 * case + len(ka), m, n, k, ka, kb_)
+    x, w, sa, sb = operands(10 * case + len(ka), m, n, k, ka, kb_)
     out, calls = emulate_wgr(cfg, x, w, sa, sb, KIND_CODES[ka], KIND_CODES[kb_])
     ok, rel = close(out, ref64(x, w, sa, sb, ka, kb_), x, w)
     assert ok, (cfg.key(), kinds, rel)
@@ -75,21 +69,7 @@ def test_permutation_is_a_bijection_and_matches_the_fragments():
                 assert fp8_wgr.staged_offset(0, real, sbo) == want
 
 
-class _NoFence(fp8_wgr.WgrProgram):
-    def run(self, pre):
-        self.o = _SkipFence(self.o)
-        return super().run(pre)
-
-
-class _SkipFence:
-    def __init__(self, ops):
-        self._ops = ops
-
-    def fence_async(self):
-        pass
-
-    def __getattr__(self, name):
-        return getattr(self._ops, name)
+_NoFence = without_fence(fp8_wgr.WgrProgram)
 
 
 class _SwappedHalves(fp8_wgr.WgrProgram):
@@ -106,7 +86,7 @@ def test_emulator_catches_wgr_mistakes(program, message):
     """Negative controls: the staged x not fenced to the async proxy; fragments out of the
     staging's K order (wrong products)."""
     cfg, m, n, k = wgr(m_tile=16, warps_k=1, unroll=2, depth=2), 6, 64, 256
-    x, w, sa, sb = _operands(5, m, n, k, "block", "block")
+    x, w, sa, sb = operands(5, m, n, k, "block", "block")
     good, _ = emulate_wgr(cfg, x, w, sa, sb, 2, 2)
     assert close(good, ref64(x, w, sa, sb, "block", "block"), x, w)[0]
     if message is None:

@@ -250,64 +250,16 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
         # outputs are computed for clamped coordinates (valid loads of the row / column scales)
         # and stored under the predicate: the predicated regions hold stores only
         ents = acc_entries(R, MT, g, t)
-        if cutlass.const_expr(cfg.wgr):
-            # each thread's D values: straight to out (one warpgroup) or into the reduction
-            wents = ln.entries(g, t)
-            if cutlass.const_expr(WK == 1 and KS == 1):
-                for q in cutlass.range_constexpr(len(wents)):
-                    e, m, row = wents[q]
-                    col = n_tile0 + row
-                    v = ln.final(acc[e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                    if m < m_rows:
-                        if col < N:
-                            mO[m, col] = v
-            else:
-                wred = smem.allocate_tensor(Float32, cute.make_layout(WK * OUT_BLK), byte_alignment=16)
-                for q in cutlass.range_constexpr(len(wents)):
-                    e, m, row = wents[q]
-                    wred[ln.red_slot(wk, row, m)] = acc[e]
-                cute.arch.sync_threads()
-                if cutlass.const_expr(KS == 1):
-                    for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                        idx = tid + p * NTHR
-                        idc = _imin(idx, OUT_BLK - 1)
-                        s = Float32(0.0)
-                        for qq in cutlass.range_constexpr(WK):
-                            s = s + wred[qq * OUT_BLK + idc]
-                        m, col = ln.out_coord(tile, idc)
-                        v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                        if idx < OUT_BLK:
-                            if m < m_rows:
-                                if col < N:
-                                    mO[m, col] = v
-                else:
-                    # the block's sums, then each block finishes its share from every block's
-                    part = smem.allocate_tensor(Float32, cute.make_layout(OUT_BLK), byte_alignment=16)
-                    for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                        idx = tid + p * NTHR
-                        idc = _imin(idx, OUT_BLK - 1)
-                        s = Float32(0.0)
-                        for qq in cutlass.range_constexpr(WK):
-                            s = s + wred[qq * OUT_BLK + idc]
-                        if idx < OUT_BLK:
-                            part[idc] = s
-                    cluster_sync()
-                    part_at = Int32(part.iterator.toint())
-                    SH = ln.share
-                    for p in cutlass.range_constexpr((SH + NTHR - 1) // NTHR):
-                        j = tid + p * NTHR
-                        idx = rank * SH + _imin(j, SH - 1)
-                        s = Float32(0.0)
-                        for qq in cutlass.range_constexpr(KS):
-                            s = s + ld_cluster_f32(part_at + idx * 4, Int32(qq))
-                        m, col = ln.out_coord(tile, idx)
-                        v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                        if j < SH:
-                            if m < m_rows:
-                                if col < N:
-                                    mO[m, col] = v
-                    cluster_sync()  # no block leaves while the others read its sums
-        elif cutlass.const_expr(WK == 1):
+        wents = ln.entries(g, t) if cutlass.const_expr(cfg.wgr) else []
+        if cutlass.const_expr(cfg.wgr and WK == 1 and KS == 1):
+            for q in cutlass.range_constexpr(len(wents)):
+                e, m, row = wents[q]
+                col = n_tile0 + row
+                v = ln.final(acc[e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                if m < m_rows:
+                    if col < N:
+                        mO[m, col] = v
+        elif cutlass.const_expr(WK == 1 and not cfg.wgr):
             # wg: only warp 0 of the warpgroup holds token rows (the others, wgmma rows 16..63)
             m_lim = m_rows * Int32(warp % 4 == 0) if cutlass.const_expr(cfg.wg) else m_rows
             for q in cutlass.range_constexpr(len(ents)):
@@ -318,26 +270,63 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                     if col < N:
                         mO[m, col] = v
         else:
-            # wg: warps 1..3 of a warpgroup write a second, never-read half instead
+            # the warps_k reduction through shared memory (wg: warps 1..3 of a warpgroup write a
+            # second, never-read half instead)
             red = smem.allocate_tensor(Float32, cute.make_layout((2 if cfg.wg else 1) * WK * OUT_BLK),
                                        byte_alignment=16)
-            junk = Int32(warp % 4 != 0) * (WK * OUT_BLK) if cutlass.const_expr(cfg.wg) else 0
-            for q in cutlass.range_constexpr(len(ents)):
-                r, e, m, c8 = ents[q]
-                red[ln.red_slot(wk, wn, r, m, c8) + junk] = acc[r][e]
+            if cutlass.const_expr(cfg.wgr):
+                for q in cutlass.range_constexpr(len(wents)):
+                    e, m, row = wents[q]
+                    red[ln.red_slot(wk, row, m)] = acc[e]
+            else:
+                junk = Int32(warp % 4 != 0) * (WK * OUT_BLK) if cutlass.const_expr(cfg.wg) else 0
+                for q in cutlass.range_constexpr(len(ents)):
+                    r, e, m, c8 = ents[q]
+                    red[ln.red_slot(wk, wn, r, m, c8) + junk] = acc[r][e]
             cute.arch.sync_threads()
-            for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                idx = tid + p * NTHR
-                idc = _imin(idx, OUT_BLK - 1)
+
+            def block_sum(idc):
                 s = Float32(0.0)
                 for qq in cutlass.range_constexpr(WK):
                     s = s + red[qq * OUT_BLK + idc]
-                m, col = ln.out_coord(bid, idc)
-                v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                if idx < OUT_BLK:
-                    if m < m_rows:
-                        if col < N:
-                            mO[m, col] = v
+                return s
+
+            if cutlass.const_expr(KS == 1):
+                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                    idx = tid + p * NTHR
+                    idc = _imin(idx, OUT_BLK - 1)
+                    s = block_sum(idc)
+                    m, col = ln.out_coord(tile, idc)
+                    v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                    if idx < OUT_BLK:
+                        if m < m_rows:
+                            if col < N:
+                                mO[m, col] = v
+            else:
+                # wgr clusters: the block's sums, then each block finishes its share from every block's
+                part = smem.allocate_tensor(Float32, cute.make_layout(OUT_BLK), byte_alignment=16)
+                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
+                    idx = tid + p * NTHR
+                    idc = _imin(idx, OUT_BLK - 1)
+                    s = block_sum(idc)
+                    if idx < OUT_BLK:
+                        part[idc] = s
+                cluster_sync()
+                part_at = Int32(part.iterator.toint())
+                SH = ln.share
+                for p in cutlass.range_constexpr((SH + NTHR - 1) // NTHR):
+                    j = tid + p * NTHR
+                    idx = rank * SH + _imin(j, SH - 1)
+                    s = Float32(0.0)
+                    for qq in cutlass.range_constexpr(KS):
+                        s = s + ld_cluster_f32(part_at + idx * 4, Int32(qq))
+                    m, col = ln.out_coord(tile, idx)
+                    v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
+                    if j < SH:
+                        if m < m_rows:
+                            if col < N:
+                                mO[m, col] = v
+                cluster_sync()  # no block leaves while the others read its sums
         if cutlass.const_expr(tl is not None):
             cute.arch.sync_threads()  # the end: every warp of the block is past its stores
             _tl_stamp(tl, tid, bid, 3)
