@@ -155,6 +155,8 @@ class WgOps(NumpyOps):
     def fence_regs(vals):
         return list(vals)
 
+    pass_regs = fence_regs
+
 
 def place_operands(x_u8, w_u8, sa, sb):
     """(memory, x, w, scale_a, scale_b addresses): the operands and scales row-major in a fresh

@@ -6,12 +6,15 @@ candidates, the PTX / SASS it compiles to, and (marker ``gpu``) the kernel on a 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from executors.cute import fp8, fp8_wgr
 from executors.cute.fp8 import Fp8Config
+from executors.cute.fp8_config import wgr_registers
 from tests.cuteutil import gpu
 from tests.fp8cases import KIND_CODES, SHAPES, close, need_cutlass, operands, ref64
 from tests.fp8emu_wg import without_fence
@@ -47,15 +50,14 @@ def test_emulated_wgr_kernel_matches_fp64_reference(case, kinds):
     ok, rel = close(out, ref64(x, w, sa, sb, ka, kb_), x, w)
     assert ok, (cfg.key(), kinds, rel)
     assert calls == cfg.grid(n) * cfg.warps_k * cfg.unroll * 4  # one wgmma per k32 step
-    if cfg.ks > 1:  # the cluster's shares cover each tile's outputs once
-        ln = fp8_wgr.WgrProgram(None, cfg, n, k, 2, 2)
-        assert ln.share * cfg.ks == ln.out_blk
 
 
-def test_permutation_is_a_bijection_and_matches_the_fragments():
-    """staged_offset puts every byte of a warpgroup's x range in its own place, and the word a
-    thread loads for register a0 of step s (row g, real K 16t + 4s) is where the descriptor of
-    step s shows column 4t of B's first core matrix."""
+def test_staged_offset_is_a_bijection_onto_the_descriptors_view():
+    """staged_offset puts every byte of a warpgroup's x range in its own place, and the real K
+    offset of the word lane t gives a k32 step s as a0 (h = 0) or a2 (h = 1), 64h + 16t + 4s, lands
+    where the step's descriptor shows logical K 32s + 16h + 4t of token 0 (the canonical layout:
+    core matrix column k // 16 at 128 bytes each, byte k % 16). The emulated tests check the
+    fragments against the same layout end to end."""
     sbo = 3 * 1024
     n, kk = np.meshgrid(np.arange(16), np.arange(3 * 128), indexing="ij")
     offs = fp8_wgr.staged_offset(n, kk, sbo)
@@ -103,7 +105,10 @@ def test_emulator_catches_wgr_mistakes(program, message):
     (wgr(warps_k=1, unroll=4, depth=5), 512, "depth"),
     (Fp8Config(tiles=2, warps_k=1, unroll=4, depth=2, wgr=True), 512, "tiles"),
     (wgr(warps_k=1, unroll=4, depth=2, bulk=2), 512, "not with wg, bulk"),
-    (wgr(warps_k=8, unroll=1, depth=1, m_tile=16, minb=2), 1024, "registers"),
+    (wgr(warps_k=4, unroll=4, depth=4, m_tile=16), 2048, "registers"),
+    (wgr(warps_k=8, unroll=1, depth=1, m_tile=16, minb=2), 1024, "minb * threads <= 256"),
+    (wgr(warps_k=1, unroll=18, depth=2), 2304, "at most 16"),
+    (wgr(warps_k=1, unroll=16, depth=9), 2048, "depth"),
     (wgr(warps_k=1, unroll=2, depth=2, ks=3), 768, "ks"),
     (wgr(warps_k=1, unroll=2, depth=2, ks=2), 512, None),
     (Fp8Config(warps_k=1, ks=2), 512, "needs wgr"),
@@ -124,11 +129,39 @@ def test_wgr_sweep_candidates(name):
         assert any(c.early for c in cands) and any(c.minb == 2 for c in cands)
 
 
-@pytest.mark.parametrize("cfg,n,k", [(wgr(m_tile=16, warps_k=4, unroll=4, depth=3), 7168, 2048),
+def _largest(name, m):
+    """The sweep's candidate with the most estimated registers at this shape and M."""
+    n, k = SHAPES[name]
+    return max(fp8.fp8_wgr_grid(m, n, k)[1:], key=wgr_registers), n, k
+
+
+def _moves_of_early_loads(sass: str) -> int:
+    """MOVs before griddepcontrol.wait (ACQBULK) that read a register an earlier load wrote: each
+    waits there for that load to land."""
+    loaded, n = set(), 0
+    for ln in sass.splitlines():
+        if "ACQBULK" in ln:
+            return n
+        m = re.search(r"\b(LDG\S*)\s+R(\d+)", ln)
+        if m:
+            width = 4 if ".128" in m.group(1) else 2 if ".64" in m.group(1) else 1
+            loaded |= {int(m.group(2)) + i for i in range(width)}
+            continue
+        m = re.search(r"\bI?M\w*MOV\S*\s+R\d+,.*?R(\d+)\s*;", ln)
+        if m and int(m.group(1)) in loaded:
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("cfg,n,k", [(wgr(m_tile=16, warps_k=4, unroll=4, depth=2), 7168, 2048),
                                      (wgr(m_tile=8, warps_k=2, unroll=9, depth=6, early=True), 7168, 2304),
                                      (wgr(m_tile=8, warps_k=1, unroll=4, depth=2), 4096, 512),
-                                     (wgr(m_tile=16, warps_k=2, unroll=7, depth=4, ks=4), 2112, 7168)])
+                                     (wgr(m_tile=16, warps_k=2, unroll=7, depth=4, ks=4), 2112, 7168),
+                                     _largest("qkvg", 8), _largest("qkv_a", 16), _largest("mlp_down", 16)])
 def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
+    """Also at the sweep's largest candidates (the register estimate keeps them from spilling);
+    the weights' register copies come after the wait, and the shared stores are exactly the
+    staging's, the reduction's and the cluster shares'."""
     need_cutlass()
     import executors.cute as ec
 
@@ -136,11 +169,16 @@ def test_wgr_sass_loads_before_wait_native_wgmma_no_spills(cfg, n, k):
         pytest.skip("nvdisasm not installed (dev extra nvidia-cuda-nvdisasm)")
     sass = fp8.compile_fp8_for_arch(cfg, n, k, sass=True)
     assert sass.count(f"QGMMA.64x{cfg.m_tile}x32.F32.E4M3.E4M3") == 4 * cfg.unroll
-    assert "STL" not in sass and "LDL" not in sass
+    assert "STL" not in sass and "LDL" not in sass, cfg.key()
     wait = sass.index("ACQBULK")
     # the first depth K blocks' 4 weight vectors and their block scale, all before the wait
     assert sass.count("LDG", 0, wait) == 5 * cfg.depth
-    assert sass.count("STS", wait) >= 4
+    assert _moves_of_early_loads(sass) == 0, cfg.key()
+    ptx = fp8.compile_fp8_for_arch(cfg, n, k)
+    staging = 4 * -(-cfg.m_tile * cfg.unroll * 8 // 128)
+    red = cfg.m_tile // 2 if cfg.warps_k > 1 or cfg.ks > 1 else 0
+    share = -(-64 * cfg.m_tile // cfg.threads()) if cfg.ks > 1 else 0
+    assert ptx.count("st.shared.b32") == staging + red + share, cfg.key()
 
 
 @pytest.mark.gpu

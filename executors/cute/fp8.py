@@ -48,10 +48,10 @@ scales are loaded ``xahead`` iterations ahead. ``Fp8Config.wg`` selects the warp
 instead (fp8_wg.py): Hopper's native fp8 wgmma (x from registers, the weights from shared
 memory), so neither operand is converted (tokens as the wgmma's M, 8 * tiles weight rows per
 warpgroup as its N); measured slower than the lane program, in no default. ``Fp8Config.wgr``
-selects the register-weights warpgroup kernel (fp8_wgr.py): 64 weight rows as wgmma's A straight
-from global memory into the fragments, x staged into shared memory in the same K permutation as
-B, warpgroups and optionally a thread-block cluster (``ks``) splitting K; the table uses it at
-DeepSeek-V3 q_b for M <= 8. The measured table picks per shape and M bucket.
+selects the register-weights warpgroup kernel (fp8_wgr.py): 64 weight rows as wgmma's A, loaded
+from global memory into the fragments without shared memory, x staged into shared memory in the
+same K permutation as B, warpgroups and optionally a thread-block cluster (``ks``) splitting K;
+the table uses it at DeepSeek-V3 q_b for M <= 8. The measured table picks per shape and M bucket.
 """
 
 from __future__ import annotations

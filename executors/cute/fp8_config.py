@@ -68,7 +68,8 @@ class Fp8Config:
     # stages); warps_k counts warpgroups of 128 threads, tiles * 8 weight rows are the wgmma N
     wgr: bool = False  # register-weights warpgroup kernel (fp8_wgr.py): wgmma with 64 weight rows
     # from registers as A and x from shared memory as B (N = m_tile); warps_k warpgroups split K,
-    # each over `unroll` K blocks (warps_k * unroll = K / 128), `depth` K blocks of weights in flight
+    # each over `unroll` K blocks (warps_k * unroll * ks = K / 128), `depth` K blocks of weights
+    # in flight
     ks: int = 1  # wgr: blocks of a thread-block cluster splitting K (1, 2, 4 or 8), reduced through
     # distributed shared memory; warps_k * unroll * ks = K / 128
     timeline: bool = False  # diagnostics: each block stamps %globaltimer at its start, when its
@@ -233,23 +234,33 @@ def _wgr_fields_ok(cfg: Fp8Config, k: int) -> str | None:
     if k // BLOCK != cfg.warps_k * cfg.unroll * cfg.ks:
         return (f"wgr: warps_k * unroll * ks = {cfg.warps_k * cfg.unroll * cfg.ks} must be K/128 = "
                 f"{k // BLOCK} (one pass)")
-    if not min(2, cfg.unroll) <= cfg.depth <= cfg.unroll:
+    if cfg.unroll > 16:
+        # threads over 18 or more K blocks spilled at depth 8 (ptxas, sm_90a, m_tile 16)
+        return f"wgr: unroll (K blocks of a warpgroup) is at most 16, got {cfg.unroll}: split K wider"
+    if not min(2, cfg.unroll) <= cfg.depth <= min(cfg.unroll, 8):
         # block j's weights are loaded into the registers block j - depth + 1 freed, once its
         # wgmma are waited for after block j's are issued: one block ahead at least
-        return f"wgr: depth (K blocks of weights in flight) is {min(2, cfg.unroll)}..unroll={cfg.unroll}"
+        return (f"wgr: depth (K blocks of weights in flight) is {min(2, cfg.unroll)}.."
+                f"{min(cfg.unroll, 8)} (at most unroll and 8: deeper spilled at large unrolls)")
+    if cfg.minb and cfg.threads() * cfg.minb > 256:
+        # below 255 registers a thread ptxas spilled these (launch bounds of 2 x 256 threads)
+        return "wgr: a launch bound (minb) only with minb * threads <= 256"
     regs, cap = wgr_registers(cfg), min(255, 65536 // (cfg.threads() * max(cfg.minb, 1)) // 8 * 8)
-    if regs > cap:
+    if regs > cap - 8:
         return (f"wgr: about {regs} registers a thread (16 per K block of weights in flight, the "
                 f"accumulator and two partials) exceed what {cfg.threads()} threads x "
-                f"{max(cfg.minb, 1)} blocks per SM may hold ({cap})")
+                f"{max(cfg.minb, 1)} blocks per SM may hold ({cap}) less 8 of margin")
     return None
 
 
 def wgr_registers(cfg: Fp8Config) -> int:
     """Registers a thread of the register-weights warpgroup kernel needs, about: 16 per K block
     of weights in flight, the accumulator and two partials (m_tile / 2 each), the activation
-    scales of three K blocks (m_tile / 4 each) and 40 for addresses."""
-    return 16 * min(cfg.depth, cfg.unroll) + 3 * cfg.m_tile // 2 + 3 * cfg.m_tile // 4 + 40
+    scales of three K blocks (m_tile / 4 each), 40 for addresses, one per 2 K blocks of the
+    thread's range (the x staging's loads) and 8 more under a launch bound. Calibrated against
+    ptxas (sm_90a) over the sweep's candidates: ones above it less 8 spilled (up to 67 stores)."""
+    return (16 * min(cfg.depth, cfg.unroll) + 3 * cfg.m_tile // 2 + 3 * cfg.m_tile // 4 + 40
+            + cfg.unroll // 2 + (8 if cfg.minb else 0))
 
 
 def wg_registers(cfg: Fp8Config) -> int:

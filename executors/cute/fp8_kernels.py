@@ -48,6 +48,7 @@ from .ptx_wg import (
     ld_cluster_f32,
     ld_smem32,
     make_desc,
+    pass_regs,
     st_smem32,
     wg_commit,
     wg_fence,
@@ -153,6 +154,7 @@ class _Ops:
     ld_smem32 = staticmethod(ld_smem32)
     keep_regs = staticmethod(keep_regs)
     st_smem32 = staticmethod(st_smem32)
+    pass_regs = staticmethod(pass_regs)
 
 
 @cute.jit

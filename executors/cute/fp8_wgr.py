@@ -10,7 +10,7 @@ through shared memory at the end; with ``ks`` > 1 a thread-block cluster of ks b
 tile, block (rank) r over the r-th ks-th of K, and after the block sums every block reduces a
 ks-th of the tile's outputs from all the cluster's sums (distributed shared memory).
 
-The weights go from global memory straight into the A fragments: per K block, lane (g, t) of warp
+The weights go from global memory into the A fragments without shared memory: per K block, lane (g, t) of warp
 w loads 16 bytes at K offsets 16t and 64 + 16t of rows 16w + g and 16w + g + 8 (a quad's four
 threads read 64 contiguous bytes per load). Word i (0..7) of a row's two vectors sits at K offset
 64 (i // 4) + 16t + 4 (i % 4) and serves k32 step s = i % 4 as register a0 / a1 (i < 4) or
@@ -153,6 +153,9 @@ class WgrProgram(LaneProgram):
         ws, sbs = pre
         o.fence_async()
         o.bar_wg(self.bar_id)  # every thread's staged x, visible to the async proxy
+        # the fragments of the weights loaded before the wait are gathered here, not above the
+        # wait (where gathering waits for the loads and delays the x staging behind them)
+        frags = [[o.pass_regs(self.frag(wv, s)) for s in range(4)] for wv in ws]
         saq = [self.load_sa(j) for j in range(min(SA_AHEAD, self.KPW))]
         acc = [o.Float32(0.0)] * (self.MT // 2)
         prev = None
@@ -162,11 +165,12 @@ class WgrProgram(LaneProgram):
             o.wg_fence()
             d = [o.Float32(0.0)] * (self.MT // 2)
             for s in range(4):
-                d = o.wgmma(self.frag(ws[j], s), self.desc(j, s), d, s == 0)
+                a = frags[j][s] if j < len(frags) else self.frag(ws[j], s)
+                d = o.wgmma(a, self.desc(j, s), d, s == 0)
             o.wg_commit()
             if prev is not None:
                 o.wg_wait(1)  # block j - 1's wgmma are done: its registers are free
-                o.keep_regs([v for vec in ws[j - 1] for v in vec])
+                o.keep_regs(self._a_regs(frags, ws, j - 1))
                 acc = self.promote(acc, prev, saq[j - 1], sbs[j - 1])
                 ws[j - 1] = saq[j - 1] = None
                 if j - 1 + self.D < self.KPW:
@@ -174,8 +178,15 @@ class WgrProgram(LaneProgram):
                     sbs.append(self.load_sb(j - 1 + self.D))
             prev = d
         o.wg_wait(0)
-        o.keep_regs([v for vec in ws[self.KPW - 1] for v in vec])
+        o.keep_regs(self._a_regs(frags, ws, self.KPW - 1))
         return self.promote(acc, prev, saq[self.KPW - 1], sbs[self.KPW - 1])
+
+    @staticmethod
+    def _a_regs(frags, ws, j):
+        """The registers block j's wgmma read as A."""
+        if j < len(frags):
+            return [v for fr in frags[j] for v in fr]
+        return [v for vec in ws[j] for v in vec]
 
     # ---- epilogue geometry ----------------------------------------------------------
     def entries(self, g, t):

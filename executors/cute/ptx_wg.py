@@ -77,6 +77,22 @@ def keep_regs(vals, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def pass_regs(vals, *, loc=None, ip=None):
+    """Copies of the 32-bit values made by a volatile asm (its movs stay where it is in program
+    order). After the PDL wait it makes the register copies that gather weight words into a
+    wgmma A fragment there, instead of above griddepcontrol.wait, where ptxas put them and
+    where they wait for the loads to land."""
+    n = len(vals)
+    text = "\n\t".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * n),
+        [Int32(v).ir_value(loc=loc, ip=ip) for v in vals], text,
+        ",".join(["=r"] * n + ["r"] * n), has_side_effects=True,
+        is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Int32(llvm.extractvalue(T.i32(), res, [i])) for i in range(n)]
+
+
+@dsl_user_op
 def fence_regs(vals, *, loc=None, ip=None):
     """The fp32 values through an empty volatile asm: uses of the results stay after the
     wgmma wait before it (the compiler cannot hoist them above it)."""
