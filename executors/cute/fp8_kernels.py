@@ -38,7 +38,9 @@ from .ptx import (
 )
 from .ptx_wg import (
     bar_wg,
+    cluster_arrive,
     cluster_sync,
+    cluster_wait,
     cp_async16,
     cp_commit,
     cp_wait,
@@ -316,19 +318,26 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
                 cluster_sync()
                 part_at = Int32(part.iterator.toint())
                 SH = ln.share
+                sums = []
                 for p in cutlass.range_constexpr((SH + NTHR - 1) // NTHR):
                     j = tid + p * NTHR
                     idx = rank * SH + _imin(j, SH - 1)
                     s = Float32(0.0)
                     for qq in cutlass.range_constexpr(KS):
                         s = s + ld_cluster_f32(part_at + idx * 4, Int32(qq))
+                    sums.append((j, idx, s))
+                # done reading the other blocks' sums: arrive before the stores, so the barrier's
+                # release does not wait for them; no block leaves before every block has arrived
+                cluster_arrive()
+                for p in cutlass.range_constexpr(len(sums)):
+                    j, idx, s = sums[p]
                     m, col = ln.out_coord(tile, idx)
                     v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
                     if j < SH:
                         if m < m_rows:
                             if col < N:
                                 mO[m, col] = v
-                cluster_sync()  # no block leaves while the others read its sums
+                cluster_wait()
         if cutlass.const_expr(tl is not None):
             cute.arch.sync_threads()  # the end: every warp of the block is past its stores
             _tl_stamp(tl, tid, bid, 3)

@@ -127,6 +127,18 @@ def cluster_sync(*, loc=None, ip=None):
 
 
 @dsl_user_op
+def cluster_arrive(*, loc=None, ip=None):
+    """This thread arrives at the cluster barrier (release: its earlier reads of other blocks'
+    shared memory are done); cluster_wait completes the phase."""
+    _asm("barrier.cluster.arrive.release.aligned;", "", [])
+
+
+@dsl_user_op
+def cluster_wait(*, loc=None, ip=None):
+    _asm("barrier.cluster.wait.acquire.aligned;", "", [])
+
+
+@dsl_user_op
 def ld_cluster_f32(addr: Int32, rank: Int32, *, loc=None, ip=None):
     """The fp32 at shared address `addr` of the cluster's block `rank` (distributed shared memory)."""
     return Float32(llvm.inline_asm(
