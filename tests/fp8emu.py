@@ -76,6 +76,28 @@ class Memory:
         return self.buf[a[:, None] + np.arange(nbytes)]
 
 
+class Outputs:
+    """An emulated kernel's out[M, N] (NaN until written) and how often each element was written."""
+
+    def __init__(self, m: int, n: int):
+        self.out = np.full((m, n), np.nan, dtype=np.float32)
+        self.writes = np.zeros((m, n), dtype=np.int64)
+
+    def store(self, mm, col, v, lanes=None):
+        """Values v at (token mm, column col) where both lie inside out (and `lanes` holds)."""
+        m, n = self.out.shape
+        ok = (mm < m) & (col < n)
+        if lanes is not None:
+            ok = ok & lanes
+        np.add.at(self.writes, (mm[ok], col[ok]), 1)
+        self.out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
+
+    def result(self) -> np.ndarray:
+        w = self.writes
+        assert (w == 1).all(), f"outputs written {w.min()}..{w.max()} times"
+        return self.out
+
+
 class NumpyOps:
     """LaneProgram's ops on numpy lane vectors (words: int64 arrays holding uint32 values)."""
 
@@ -265,14 +287,8 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
     sa_base = mem.put_strided(sa.astype(np.float32), sa_strides, 4)
     sb_base = mem.put_strided(sb.astype(np.float32), sb_strides, 4)
     ops = NumpyOps(mem)
-    out = np.full((m, n), np.nan, dtype=np.float32)
-    writes = np.zeros((m, n), dtype=np.int64)
+    outs = Outputs(m, n)
     R, WN, WK, MT = cfg.tiles, cfg.warps_n, cfg.warps_k, cfg.m_tile
-
-    def store(mm, col, v):
-        ok = (mm < m) & (col < n)
-        np.add.at(writes, (mm[ok], col[ok]), 1)
-        out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
 
     ring_bytes = WN * WK * cfg.bulk * cfg.bulk_stage_bytes()
     for bid in range(cfg.grid(n)):
@@ -305,19 +321,18 @@ def emulate(cfg: Fp8Config, x_u8: np.ndarray, w_u8: np.ndarray, sa: np.ndarray, 
                 if WK == 1:
                     col = n_tile0 + r * 8 + c8
                     v = ln.final(acc[r][e], np.minimum(mm, m - 1), np.minimum(col, n - 1))
-                    store(mm, col, v)
+                    outs.store(mm, col, v)
                 else:
                     slot = ln.red_slot(wk, wn, r, mm, c8)
                     assert np.isnan(red[slot]).all(), "two values for one reduction slot"
                     red[slot] = acc[r][e]
         if WK > 1:
             for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
-                store(mm, col, v)
+                outs.store(mm, col, v)
         assert not ops.inflight.any(), "copies still in flight at the end of the block"
         # every iteration of every warp waited for one completed phase of its stage
         assert sum(st["phase"] for st in ops.bars.values()) == (ln.NIT * WN * WK if cfg.bulk else 0)
-    assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
-    return out, ops.mma_calls
+    return outs.result(), ops.mma_calls
 
 
 def reduced_outputs(ln, red, wk_count: int, nthr: int, bid: int, m: int, n: int):

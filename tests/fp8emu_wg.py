@@ -22,7 +22,7 @@ import numpy as np
 from executors.cute.fp8 import Fp8Config
 from executors.cute.fp8_lane import acc_entries
 from executors.cute.fp8_wg import DESC_START_MASK, WgProgram
-from tests.fp8emu import Memory, NumpyOps, e4m3_values, reduced_outputs
+from tests.fp8emu import Memory, NumpyOps, Outputs, e4m3_values, reduced_outputs
 
 WLANES = np.arange(128)
 WG, WT = WLANES % 32 // 4, WLANES % 4
@@ -199,15 +199,9 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
     assert cfg.wg and cfg.check(m, n, k) is None, cfg.check(m, n, k)
     mem, x_base, w_base, sa_base, sb_base = place_operands(x_u8, w_u8, sa, sb)
     ops = WgOps(mem)
-    out = np.full((m, n), np.nan, dtype=np.float32)
-    writes = np.zeros((m, n), dtype=np.int64)
+    outs = Outputs(m, n)
     R, WK, MT = cfg.tiles, cfg.warps_k, cfg.m_tile
     owner = WLANES < 32  # warp 0 of the warpgroup holds the token rows
-
-    def store(mm, col, v):
-        ok = owner & (mm < m) & (col < n)
-        np.add.at(writes, (mm[ok], col[ok]), 1)
-        out[mm[ok], col[ok]] = np.broadcast_to(v, mm.shape)[ok]
 
     for bid in range(cfg.grid(n)):
         ops.new_block(128 + cfg.smem_bytes())
@@ -229,15 +223,12 @@ def emulate_wg(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgPro
             for r, e, mm, c8 in acc_entries(R, MT, WG, WT):
                 if WK == 1:
                     col = n_tile0 + r * 8 + c8
-                    store(mm, col, ln.final(acc[r][e], np.minimum(mm, m - 1), np.minimum(col, n - 1)))
+                    outs.store(mm, col, ln.final(acc[r][e], np.minimum(mm, m - 1), np.minimum(col, n - 1)), owner)
                 else:
                     slot = ln.red_slot(wk, 0, r, mm, c8)[owner]
                     assert np.isnan(red[slot]).all(), "two values for one reduction slot"
                     red[slot] = np.asarray(acc[r][e])[owner]
         if WK > 1:
             for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
-                ok = (mm < m) & (col < n)
-                np.add.at(writes, (mm[ok], col[ok]), 1)
-                out[mm[ok], col[ok]] = v[ok]
-    assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
-    return out, ops.wgmma_calls
+                outs.store(mm, col, v)
+    return outs.result(), ops.wgmma_calls

@@ -15,7 +15,7 @@ import numpy as np
 
 from executors.cute.fp8 import Fp8Config
 from executors.cute.fp8_wgr import WgrProgram
-from tests.fp8emu import reduced_outputs
+from tests.fp8emu import Outputs, reduced_outputs
 from tests.fp8emu_wg import LANDED, WG, WLANES, WT, WgOps, place_operands
 
 ROW_G = 16 * (WLANES // 32) + WG  # a thread's row in the 64-row tile
@@ -42,8 +42,7 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
     assert cfg.wgr and cfg.check(m, n, k) is None, cfg.check(m, n, k)
     mem, x_base, w_base, sa_base, sb_base = place_operands(x_u8, w_u8, sa, sb)
     ops = WgrOps(mem)
-    out = np.full((m, n), np.nan, dtype=np.float32)
-    writes = np.zeros((m, n), dtype=np.int64)
+    outs = Outputs(m, n)
     WK, KS = cfg.warps_k, cfg.ks
     parts = []  # the block sums of the cluster being run (ks > 1)
     for bid in range(cfg.grid(n)):
@@ -64,10 +63,7 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
             for e, mm, row in ln.entries(ROW_G, WT):
                 if WK == 1 and KS == 1:
                     col = tile * 64 + row
-                    v = np.broadcast_to(ln.final(acc[e], np.minimum(mm, m - 1), np.minimum(col, n - 1)), (128,))
-                    ok = (mm < m) & (col < n)
-                    np.add.at(writes, (mm[ok], col[ok]), 1)
-                    out[mm[ok], col[ok]] = v[ok]
+                    outs.store(mm, col, ln.final(acc[e], np.minimum(mm, m - 1), np.minimum(col, n - 1)))
                 else:
                     slot = ln.red_slot(wk, row, mm)
                     assert np.isnan(red[slot]).all(), "two values for one reduction slot"
@@ -82,14 +78,8 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
                 parts = []
                 idx = np.arange(ln.out_blk)
                 mm, col = ln.out_coord(tile, idx)
-                v = np.broadcast_to(ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)), idx.shape)
-                ok = (mm < m) & (col < n)
-                np.add.at(writes, (mm[ok], col[ok]), 1)
-                out[mm[ok], col[ok]] = v[ok]
+                outs.store(mm, col, ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)))
         elif WK > 1:
             for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
-                ok = (mm < m) & (col < n)
-                np.add.at(writes, (mm[ok], col[ok]), 1)
-                out[mm[ok], col[ok]] = v[ok]
-    assert (writes == 1).all(), f"outputs written {writes.min()}..{writes.max()} times"
-    return out, ops.wgmma_calls
+                outs.store(mm, col, v)
+    return outs.result(), ops.wgmma_calls
