@@ -86,7 +86,6 @@ def bench_shape(name, n, k, args, bw, log, rows):
     acts = {m: Acts(m, k) for m in MS}
     x_u8 = acts[16].x.view(torch.uint8)
     fns, bad = {}, []
-    outs = {}
 
     def add_bound(label, cfg, pdl=True):
         fn = bound.get_kernel(cfg, n, k, pdl)
@@ -97,7 +96,6 @@ def bench_shape(name, n, k, args, bw, log, rows):
             bad.append(f"{label}: {why}")
             return
         out = torch.empty(bound.out_words(cfg), device="cuda", dtype=torch.int32)
-        outs[label] = out
         fns[label] = lambda i: fn(x_u8, w_u8[i % NSETS], out)
 
     add_bound("idle", None, True)

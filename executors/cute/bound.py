@@ -225,8 +225,6 @@ def compile_for_arch(cfg: StreamCfg | None, n: int, k: int, pdl: bool = True, ar
     """Compile without a GPU and return the PTX text."""
     from . import _lock, ptx_of
 
-    if cfg is None:
-        n = k = 128
     with _lock:
         return ptx_of(lambda opts: _compile_tvm_ffi(cfg, n, k, pdl, extra_options=opts), arch)
 
@@ -240,6 +238,4 @@ def sass_for_arch(cfg: StreamCfg | None, n: int, k: int, pdl: bool = True, arch:
     """Compile without a GPU and return the SASS text (nvdisasm)."""
     from . import sass_of
 
-    if cfg is None:
-        n = k = 128
     return sass_of(lambda opts: _compile_tvm_ffi(cfg, n, k, pdl, extra_options=opts), arch)

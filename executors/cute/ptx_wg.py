@@ -123,7 +123,8 @@ def st_smem32(addr: Int32, val: Int32, *, loc=None, ip=None):
 def cluster_sync(*, loc=None, ip=None):
     """Every thread of the cluster's blocks arrives (release) and waits (acquire): shared-memory
     writes before it are visible to the cluster's reads after it."""
-    _asm("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;", "", [])
+    cluster_arrive(loc=loc, ip=ip)
+    cluster_wait(loc=loc, ip=ip)
 
 
 @dsl_user_op
