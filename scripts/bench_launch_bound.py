@@ -8,7 +8,9 @@ H200): the fp8 GEMM's ratio to the HBM floor read against two kernels in the sam
   stream      the best of bound.stream_configs: the weight's N*K bytes read with 16-byte
               loads, part of them issued before the PDL wait, x read after it, per-warp XORs
               written; the GEMM's bytes, launch and dependency without its arithmetic.
-              stream_nopdl: its first geometry launched without PDL.
+              stream_nopdl: its first geometry launched without PDL. With --rows 1,8 also
+              stream_r8, the best of the same geometries reading in the GEMM lanes' pattern
+              (8 rows x 64 bytes per warp load).
   fp8         executors.cute.fp8.gemm_fp8 at its shipped config, block scales, M = 1, 8, 16
   floor       (weight bytes + scale bytes at M = 1) / read bandwidth (torch.sum over 2 GiB),
               as in bench_fp8_gemm
@@ -100,7 +102,7 @@ def bench_shape(name, n, k, args, bw, log, rows):
 
     add_bound("idle", None, True)
     add_bound("idle_nopdl", None, False)
-    cands = bound.stream_configs(n, k)
+    cands = bound.stream_configs(n, k, args.rows)
     for c in cands:
         add_bound(f"stream:{c.key()}", c)
     for m in MS:
@@ -118,12 +120,15 @@ def bench_shape(name, n, k, args, bw, log, rows):
         log(f"    {name}: FAILED check, not timed: {b}")
     t = time_graphs(fns, args.iters, args.trials)
     floor = wt.bytes_fp8(1) / bw * 1e6
-    streams = {lb: v for lb, v in t.items() if lb.startswith("stream:") and not lb.endswith("_d0")}
+    streams = {lb: v for lb, v in t.items() if lb.startswith("stream:") and lb.endswith("_d1")}
     best = min(streams, key=streams.get) if streams else None
+    r8 = {lb: v for lb, v in t.items() if lb.startswith("stream:") and lb.endswith("_d1_r8")}
+    best8 = min(r8, key=r8.get) if r8 else None
     nopdl = next((v for lb, v in t.items() if lb.startswith("stream:") and lb.endswith("_d0")), None)
     row = {"shape": name, "N": n, "K": k, "floor_us": floor, "times_us": t,
            "stream_best": best.split(":", 1)[1] if best else None,
            "stream_us": streams.get(best), "stream_nopdl_us": nopdl,
+           "stream_r8_best": best8.split(":", 1)[1] if best8 else None, "stream_r8_us": r8.get(best8),
            "idle_us": t.get("idle"), "idle_nopdl_us": t.get("idle_nopdl"),
            "fp8_us": {m: t.get(f"fp8_m{m}") for m in MS},
            "fp8_config": {m: fp8.default_fp8_config(m, n, k).key() for m in MS}}
@@ -137,14 +142,15 @@ def bench_shape(name, n, k, args, bw, log, rows):
     log(f"| {name} | {n}x{k} | {floor:.2f} | {fmt(row['idle_us'])} ({r(row['idle_us'])}) | "
         f"{fmt(row['idle_nopdl_us'])} | {fmt(st)} ({r(st)}) | {fmt(nopdl)} | "
         + " / ".join(fmt(f8[m]) for m in MS) + " | " + " / ".join(r(f8[m]) for m in MS) + " | "
-        + " / ".join(r(f8[m], st) for m in MS) + f" | {row['stream_best']} |")
+        + " / ".join(r(f8[m], st) for m in MS) + f" | {row['stream_best']} | "
+        + f"{fmt(row['stream_r8_us'])} ({r(row['stream_r8_us'])}; {r(row['stream_r8_us'], st)} of stream) |")
 
 
 def fmt(v) -> str:
     return f"{v:.2f}" if v else "-"
 
 
-def precompile(shapes, jobs: int, log):
+def precompile(shapes, jobs: int, log, rows=(1,)):
     """The run's kernels for sm_90a into the disk cache: the bound kernels here, the GEMM's
     shipped configs in `jobs` processes (bench_fp8_gemm's worker)."""
     import multiprocessing as mp
@@ -157,7 +163,7 @@ def precompile(shapes, jobs: int, log):
         pending = ex.map(_compile_worker, [(kd, json.loads(c), n, k, ka, kb, o) for kd, c, n, k, ka, kb, o in gemms])
         todo = [(None, 128, 128, pdl) for pdl in (True, False)]
         for n, k in shapes.values():
-            todo += [(c, n, k, True) for c in bound.stream_configs(n, k)]
+            todo += [(c, n, k, True) for c in bound.stream_configs(n, k, rows)]
         for i, (c, n, k, pdl) in enumerate(todo):
             bound.get_kernel(c, n, k, pdl, arch="sm_90a")
             if i % 50 == 0:
@@ -175,7 +181,15 @@ def main():
     ap.add_argument("--jobs", type=int, default=2, help="processes for --precompile's GEMMs")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--rows", default="1", help="stream load patterns: 1 (contiguous), 8 (the GEMM lanes'), or 1,8")
     args = ap.parse_args()
+    try:
+        args.rows = tuple(int(r) for r in args.rows.split(","))
+    except ValueError:
+        args.rows = ()
+    if not args.rows or any(r not in (1, 8) for r in args.rows):
+        print("bench_launch_bound: --rows takes 1, 8 or 1,8", file=sys.stderr)
+        return 2
     want = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in want if not any(s in (nm, nm.split("_", 1)[1]) for nm in SHAPES)]
     if unknown:
@@ -184,7 +198,7 @@ def main():
         return 2
     shapes = {nm: v for nm, v in SHAPES.items() if not want or nm in want or nm.split("_", 1)[1] in want}
     if args.precompile:
-        precompile(shapes, args.jobs, print)
+        precompile(shapes, args.jobs, print, args.rows)
         return 0
     out = Path(args.out)
     log, props = start_report(out, "launch bounds of the fp8 GEMM's shapes")
@@ -196,8 +210,8 @@ def main():
         f"{args.trials} trials; us per call; (x) = ratio to the floor. Target of the GEMM: <= {TARGET_FLOOR}x floor.")
     log("")
     log("| shape | NxK | floor us | idle us | idle no PDL | stream us | stream no PDL | fp8 us M=1/8/16 | "
-        "fp8/floor | fp8/stream | best stream config |")
-    log("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        "fp8/floor | fp8/stream | best stream config | stream r8 us (x floor; x stream) |")
+    log("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     rows = []
     for name, (n, k) in shapes.items():
         try:

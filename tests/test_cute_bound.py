@@ -22,6 +22,9 @@ def test_config_checks_name_what_is_wrong():
     assert "pre" in StreamCfg(pre=MAX_PRE + 1).check(2112, 7168)
     assert "larger grid" in StreamCfg(grid=1, threads=32).check(2112, 7168)
     assert "need pdl" in StreamCfg(pre=4, pdl=False).check(2112, 7168)
+    assert "not 1 or 8" in StreamCfg(rows=4).check(2112, 7168)
+    assert "K % 64" in StreamCfg(rows=8).check(2112, 7200)
+    assert "N % 8" in StreamCfg(rows=8).check(2113, 7168)
     with pytest.raises(ValueError, match="cannot stream"):
         bound._compile_tvm_ffi(StreamCfg(threads=100), 2112, 7168, True)
 
@@ -39,6 +42,43 @@ def test_candidates_cover_every_shape(name):
         assert c.per(n, k) <= MAX_PER
 
 
+@pytest.mark.parametrize("cfg,n,k", [(StreamCfg(2, 64, rows=8), 48, 320), (StreamCfg(3, 96, rows=8), 40, 640),
+                                     (StreamCfg(2, 64), 48, 320)])
+def test_vector_reads_every_weight_vector_once(cfg, n, k):
+    """Over all threads and loads, the in-range vectors are each of the weight's once; with rows 8
+    each warp load is 8 rows x 64 contiguous bytes, and a warp's next load the next 64 bytes of
+    the same rows unless its rows ended."""
+    kv = k // 16
+    seen = []
+    for gw in range(cfg.grid * cfg.threads // 32):
+        prev = None
+        for i in range(cfg.per(n, k)):
+            got = [bound.vector(cfg, n, k, gw * 32 + lane, i) for lane in range(32)]
+            inside = [ok for _, ok in got]
+            assert len(set(inside)) == 1  # a warp load is all in or all out
+            assert all(0 <= v < n * kv for v, _ in got)
+            if not inside[0]:
+                continue
+            idx = [v for v, _ in got]
+            seen += idx
+            if cfg.rows == 8:
+                rows = [v // kv for v in idx]
+                cols = [v % kv for v in idx]
+                assert rows == [rows[0] + lane // 4 for lane in range(32)] and rows[0] % 8 == 0
+                assert cols == [cols[0] + lane % 4 for lane in range(32)] and cols[0] % 4 == 0
+                if prev is not None and cols[0]:
+                    assert rows[0] == prev[0] and cols[0] == prev[1] + 4
+                prev = rows[0], cols[0]
+    assert sorted(seen) == list(range(n * kv))
+
+
+def test_rows_candidates():
+    cands = bound.stream_configs(4608, 7168, (1, 8))
+    assert {c.rows for c in cands} == {1, 8}
+    assert len([c for c in cands if c.rows == 8]) == len([c for c in cands if c.rows == 1 and c.pdl])
+    assert all(c.key().endswith("_r8") == (c.rows == 8) for c in cands)
+
+
 def _loads_around_wait(sass: str) -> tuple[int, int]:
     lines = [ln for ln in sass.splitlines() if "LDG" in ln or "ACQBULK" in ln]
     wait = next((i for i, ln in enumerate(lines) if "ACQBULK" in ln), None)
@@ -48,7 +88,8 @@ def _loads_around_wait(sass: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("cfg,n,k", [(StreamCfg(), 2112, 7168), (StreamCfg(264, 512, 32, True), 2112, 7168),
-                                     (StreamCfg(132, 256, 32), 4608, 7168), (StreamCfg(528, 1024, 8), 1536, 128)])
+                                     (StreamCfg(132, 256, 32), 4608, 7168), (StreamCfg(528, 1024, 8), 1536, 128),
+                                     (StreamCfg(132, 256, 32, rows=8), 4608, 7168)])
 def test_stream_sass_holds_pre_loads_across_the_wait(cfg, n, k):
     need_cutlass()
     if ec.nvdisasm_path() is None:
@@ -73,13 +114,16 @@ def test_idle_and_no_pdl_kernels_compile():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, StreamCfg(), StreamCfg(264, 1024, 32, True), StreamCfg(132, 256, 0, False, False)])
+@pytest.mark.parametrize("cfg", [None, StreamCfg(), StreamCfg(264, 1024, 32, True), StreamCfg(132, 256, 0, False, False),
+                                 StreamCfg(rows=8), StreamCfg(264, 256, 8, True, rows=8)])
 def test_gpu_outputs(cfg):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    # N * K / 16 = 63017 words of 16 bytes, odd: a tail load the mask failed to drop would XOR the
-    # last word in an odd number of times (the grid's threads are a multiple of 32)
-    n, k = 1537, 656
+    # rows 1: N * K / 16 = 63017 words of 16 bytes, odd: a tail load the mask failed to drop would
+    # XOR the last word in an odd number of times (the grid's threads are a multiple of 32).
+    # rows 8: 4800 tiles of 8 rows x 64 bytes over 2112 warps x 3 loads, the rest clamped to the
+    # last tile and masked (an unmasked one would XOR it in again)
+    n, k = (1537, 656) if cfg is None or cfg.rows == 1 else (1536, 1600)
     w = torch.randint(-2**31, 2**31 - 1, (n, k // 4), device="cuda", dtype=torch.int32).view(torch.uint8)
     x = torch.randint(0, 255, (4, k), device="cuda", dtype=torch.uint8)
     out = torch.full((bound.out_words(cfg),), 0x5A5A5A5A, device="cuda", dtype=torch.int32)

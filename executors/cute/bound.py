@@ -9,6 +9,9 @@ scripts/bench_launch_bound.py: the GEMM's ratio to the HBM floor is read against
   not depend on the previous kernel), reads the first word of x after it, and writes per warp the
   XOR of every 32-bit word it read. It has the GEMM's bytes, launch and dependency and none of
   its arithmetic: a reference for how near the floor streaming those bytes gets.
+  ``rows`` 8 reads the same bytes in the GEMM lanes' pattern (8 rows x 64 bytes per warp load, a
+  warp walking along its rows) instead of 512 contiguous bytes per warp load: what that pattern
+  alone costs.
 
 Both write checkable results (the XOR over all per-warp words is the XOR of the weight's words;
 the last word is x's first), so the bench checks them before timing. Launched with PDL unless
@@ -34,9 +37,13 @@ class StreamCfg:
     pre: int = 8  # loads per thread issued before the PDL wait (capped at the thread's count)
     early: bool = False
     pdl: bool = True
+    rows: int = 1  # 1: thread i's j-th load is vector i + j * grid * threads (a warp's load is 512
+    # contiguous bytes); 8: the fp8 GEMM lanes' pattern, a warp's load is 64 bytes of each of 8
+    # weight rows and its successive loads walk along those rows (see vector)
 
     def key(self) -> str:
-        return f"g{self.grid}_t{self.threads}_p{self.pre}_e{int(self.early)}_d{int(self.pdl)}"
+        r = f"_r{self.rows}" if self.rows != 1 else ""
+        return f"g{self.grid}_t{self.threads}_p{self.pre}_e{int(self.early)}_d{int(self.pdl)}{r}"
 
     def per(self, n: int, k: int) -> int:
         """16-byte loads per thread for an N x K fp8 weight."""
@@ -55,19 +62,41 @@ class StreamCfg:
             return f"{self.per(n, k)} loads per thread > {MAX_PER}: use a larger grid"
         if not self.pdl and (self.early or self.pre):
             return "early / pre need pdl"
+        if self.rows not in (1, 8):
+            return f"rows {self.rows} is not 1 or 8"
+        if self.rows == 8 and (n % 8 or k % 64):
+            return f"rows 8 needs N % 8 == 0 and K % 64 == 0 (N={n}, K={k})"
         return None
 
 
-def stream_configs(n: int, k: int) -> list[StreamCfg]:
-    """The bench's candidates: grid, threads, loads before the wait, trigger, and one without PDL."""
+def vector(cfg: StreamCfg, n: int, k: int, gid, i, imin=min):
+    """(16-byte vector index, inside the weight) of load i of thread gid, clamped to the last
+    vector outside. rows 8: tile T = warp * per + i of 8 rows x 64 bytes (K / 64 tiles per 8
+    rows, row-major), lane l reads row l // 4 of it, 16 bytes at (l % 4) * 16; so a warp walks
+    along its 8 rows as a GEMM warp over its K range."""
+    v = n * k // 16
+    if cfg.rows == 1:
+        idx = gid + i * (cfg.grid * cfg.threads)
+        return imin(idx, v - 1), idx < v
+    ct, kv, nt = k // 64, k // 16, v // 32
+    t = imin((gid // 32) * cfg.per(n, k) + i, nt - 1)
+    rb = t // ct
+    lane = gid % 32
+    return (rb * 8 + lane // 4) * kv + (t - rb * ct) * 4 + lane % 4, (gid // 32) * cfg.per(n, k) + i < nt
+
+
+def stream_configs(n: int, k: int, rows: tuple[int, ...] = (1,)) -> list[StreamCfg]:
+    """The bench's candidates: grid, threads, loads before the wait, trigger, for each load
+    pattern in `rows`, and one without PDL."""
     out = []
-    for g in (SMS, 2 * SMS, 4 * SMS):
-        for t in (256, 512, 1024):
-            for pre in (8, MAX_PRE):
-                for early in (False, True):
-                    c = StreamCfg(g, t, pre, early)
-                    if c.check(n, k) is None and (pre <= c.per(n, k) or pre == 8):
-                        out.append(c)
+    for r in rows:
+        for g in (SMS, 2 * SMS, 4 * SMS):
+            for t in (256, 512, 1024):
+                for pre in (8, MAX_PRE):
+                    for early in (False, True):
+                        c = StreamCfg(g, t, pre, early, rows=r)
+                        if c.check(n, k) is None and (pre <= c.per(n, k) or pre == 8):
+                            out.append(c)
     if out:  # the first geometry again without PDL: what the dependent launch saves
         out.append(StreamCfg(out[0].grid, out[0].threads, 0, False, False))
     return list(dict.fromkeys(out))
@@ -102,7 +131,6 @@ def _build_stream(cfg: StreamCfg, n: int, k: int):
     from .ptx import ld_act_v4, ld_weights_v4, pdl_wait
 
     xor_warp = _ops()
-    V = n * k // 16
     G, TH = cfg.grid, cfg.threads
     PER = cfg.per(n, k)
     PRE = min(cfg.pre, PER)
@@ -118,7 +146,7 @@ def _build_stream(cfg: StreamCfg, n: int, k: int):
             cute.arch.griddepcontrol_launch_dependents()
         held = []
         for i in cutlass.range_constexpr(PRE):
-            idx = cutlass.min(gid + i * (G * TH), V - 1)
+            idx, _ = vector(cfg, n, k, gid, i, cutlass.min)
             held.append(ld_weights_v4(base + Int64(idx) * 16))
         if cutlass.const_expr(cfg.pdl):
             pdl_wait(tid)
@@ -127,9 +155,9 @@ def _build_stream(cfg: StreamCfg, n: int, k: int):
         xw = ld_act_v4(mX.iterator.toint())[0]  # x is the previous kernel's output
         acc = Int32(0)
         for i in cutlass.range_constexpr(PER):
-            idx = gid + i * (G * TH)
-            v = held[i] if i < PRE else ld_weights_v4(base + Int64(cutlass.min(idx, V - 1)) * 16)
-            keep = Int32(0) - Int32(idx < V)  # all ones for a load inside the weight
+            idx, inside = vector(cfg, n, k, gid, i, cutlass.min)
+            v = held[i] if i < PRE else ld_weights_v4(base + Int64(idx) * 16)
+            keep = Int32(0) - Int32(inside)  # all ones for a load inside the weight
             acc = acc ^ ((v[0] ^ v[1] ^ v[2] ^ v[3]) & keep)
         acc = xor_warp(acc)
         if tid % 32 == 0:
