@@ -71,14 +71,17 @@ def emulate_wgr(cfg: Fp8Config, x_u8, w_u8, sa, sb, a: int, b: int, program=WgrP
         if KS > 1:  # the block's sums (wk order), then the cluster's: rank order, as the kernel
             assert not np.isnan(red).any(), "reduction slot never written"
             parts.append(sum(red[q * ln.out_blk:(q + 1) * ln.out_blk] for q in range(WK)).astype(np.float32))
-            if rank == KS - 1:
-                s = np.zeros(ln.out_blk, dtype=np.float32)
-                for q in range(KS):
-                    s = (s + parts[q]).astype(np.float32)
+            if rank == KS - 1:  # every block of the cluster finishes its share from all sums
+                for r in range(KS):
+                    for j, idx in ln.share_slots(r, np.arange(cfg.threads()), cfg.threads()):
+                        s = np.zeros(idx.shape, dtype=np.float32)
+                        for q in range(KS):
+                            s = (s + parts[q][idx]).astype(np.float32)
+                        mm, col = ln.out_coord(tile, idx)
+                        v = np.broadcast_to(ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)), idx.shape)
+                        ok = j < ln.share
+                        outs.store(mm[ok], col[ok], v[ok])
                 parts = []
-                idx = np.arange(ln.out_blk)
-                mm, col = ln.out_coord(tile, idx)
-                outs.store(mm, col, ln.final(s, np.minimum(mm, m - 1), np.minimum(col, n - 1)))
         elif WK > 1:
             for mm, col, v in reduced_outputs(ln, red, WK, cfg.threads(), bid, m, n):
                 outs.store(mm, col, v)

@@ -83,11 +83,35 @@ class _SwappedHalves(fp8_wgr.WgrProgram):
         return [wv[1][s], wv[3][s], wv[0][s], wv[2][s]]
 
 
-@pytest.mark.parametrize("program,message", [(_NoFence, "not landed, fenced"), (_SwappedHalves, None)])
-def test_emulator_catches_wgr_mistakes(program, message):
+class _OneShare(fp8_wgr.WgrProgram):
+    """Every block of a cluster finishes the first block's share."""
+
+    def share_slots(self, rank, tid, nthr):
+        return super().share_slots(rank * 0, tid, nthr)
+
+
+class _ShortPasses(fp8_wgr.WgrProgram):
+    """The share's passes rounded down: the outputs of its last, partial pass are never stored."""
+
+    def share_slots(self, rank, tid, nthr):
+        return super().share_slots(rank, tid, nthr)[:self.share // nthr]
+
+
+_ONE = (wgr(m_tile=16, warps_k=1, unroll=2, depth=2), 6, 256)
+
+
+@pytest.mark.parametrize("program,message,case", [
+    (_NoFence, "not landed, fenced", _ONE), (_SwappedHalves, None, _ONE),
+    (_OneShare, "outputs written 0..4 times", (wgr(m_tile=16, warps_k=1, unroll=2, depth=2, ks=4), 16, 1024)),
+    # share 512 over 384 threads: a second pass, its last 256 threads clamped and not stored (M = 16:
+    # every output of the tile is a real one)
+    (_ShortPasses, "outputs written 0..1 times", (wgr(m_tile=16, warps_k=3, unroll=2, depth=2, ks=2), 16, 1536)),
+])
+def test_emulator_catches_wgr_mistakes(program, message, case):
     """Negative controls: the staged x not fenced to the async proxy; fragments out of the
-    staging's K order (wrong products)."""
-    cfg, m, n, k = wgr(m_tile=16, warps_k=1, unroll=2, depth=2), 6, 64, 256
+    staging's K order (wrong products); a cluster's blocks all finishing one share, and a share's
+    last pass dropped (outputs stored 0 or several times)."""
+    (cfg, m, k), n = case, 64
     x, w, sa, sb = operands(5, m, n, k, "block", "block")
     good, _ = emulate_wgr(cfg, x, w, sa, sb, 2, 2)
     assert close(good, ref64(x, w, sa, sb, "block", "block"), x, w)[0]

@@ -168,6 +168,123 @@ def _tl_stamp(mT: cute.Tensor, tid, bid, slot: cutlass.Constexpr):
 
 
 # --------------------------------------------------------------------------------------
+# epilogue (plain Python traced inside the kernel; the predicated stores are jit helpers)
+# --------------------------------------------------------------------------------------
+class _Out:
+    """What every epilogue store needs: the output and its bounds, the program (final scales,
+    output coordinates), the block's tile and thread, outputs per block."""
+
+    def __init__(self, mO, m_rows, n, out_t, ln, tile, tid, nthr, out_blk):
+        self.mO, self.m_rows, self.n, self.out_t, self.ln = mO, m_rows, n, out_t, ln
+        self.tile, self.tid, self.nthr, self.out_blk = tile, tid, nthr, out_blk
+
+    def value(self, s, m, col):
+        """Output value of token m, column col from its sum (scales read at clamped coordinates)."""
+        return self.ln.final(s, _imin(m, self.m_rows - 1), _imin(col, self.n - 1)).to(self.out_t)
+
+
+@cute.jit
+def _store_at(mO: cute.Tensor, m, col, v, m_lim, n: cutlass.Constexpr):
+    if m < m_lim:
+        if col < n:
+            mO[m, col] = v
+
+
+@cute.jit
+def _store_at_if(mO: cute.Tensor, ok, m, col, v, m_lim, n: cutlass.Constexpr):
+    if ok:
+        _store_at(mO, m, col, v, m_lim, n)
+
+
+def _store_wgr(out: _Out, acc, g, t, n_tile0):
+    """wgr with one warpgroup and no cluster: each thread stores its fragment's values."""
+    for e, m, row in out.ln.entries(g, t):
+        col = n_tile0 + row
+        _store_at(out.mO, m, col, out.value(acc[e], m, col), out.m_rows, out.n)
+
+
+def _store_lane(out: _Out, cfg: Fp8Config, acc, g, t, n_tile0, warp):
+    """warps_k 1 (lane or wg program): each lane stores its accumulators. wg: only warp 0 of
+    the warpgroup holds token rows (the others, wgmma rows 16..63)."""
+    ents = acc_entries(cfg.tiles, cfg.m_tile, g, t)
+    m_lim = out.m_rows * Int32(warp % 4 == 0) if cfg.wg else out.m_rows
+    for r, e, m, c8 in ents:
+        col = n_tile0 + r * 8 + c8
+        _store_at(out.mO, m, col, out.value(acc[r][e], m, col), m_lim, out.n)
+
+
+def _to_smem(out: _Out, smem, cfg: Fp8Config, acc, g, t, wk, wn, warp):
+    """Every warp's (wgr: warpgroup's) partial sums into the shared-memory reduction buffer (wg:
+    warps 1..3 of a warpgroup write a second, never-read half instead); the caller syncs."""
+    wkn = cfg.warps_k
+    ents = out.ln.entries(g, t) if cfg.wgr else acc_entries(cfg.tiles, cfg.m_tile, g, t)
+    red = _alloc_f32(smem, (2 if cfg.wg else 1) * wkn * out.out_blk)
+    if cfg.wgr:
+        for e, m, row in ents:
+            red[out.ln.red_slot(wk, row, m)] = acc[e]
+    else:
+        junk = Int32(warp % 4 != 0) * (wkn * out.out_blk) if cfg.wg else 0
+        for r, e, m, c8 in ents:
+            red[out.ln.red_slot(wk, wn, r, m, c8) + junk] = acc[r][e]
+    return red
+
+
+def _alloc_f32(smem, words: int):
+    return smem.allocate_tensor(Float32, cute.make_layout(words), byte_alignment=16)
+
+
+def _block_sum(red, wk: int, out_blk: int, idc):
+    s = Float32(0.0)
+    for q in range(wk):
+        s = s + red[q * out_blk + idc]
+    return s
+
+
+def _store_block_sums(out: _Out, red, wk: int):
+    """Each thread sums output idx over the warps_k partials and stores it."""
+    for p in range((out.out_blk + out.nthr - 1) // out.nthr):
+        idx = out.tid + p * out.nthr
+        idc = _imin(idx, out.out_blk - 1)
+        s = _block_sum(red, wk, out.out_blk, idc)
+        m, col = out.ln.out_coord(out.tile, idc)
+        _store_at_if(out.mO, idx < out.out_blk, m, col, out.value(s, m, col), out.m_rows, out.n)
+
+
+def _store_cluster_share(out: _Out, smem, red, wk: int, ks: int, rank):
+    """wgr clusters: the block's sums into shared memory, then each block finishes its share of
+    the tile from every block's sums (distributed shared memory) and stores it."""
+    blk, nthr, tid = out.out_blk, out.nthr, out.tid
+    part = _alloc_f32(smem, blk)
+    for p in range((blk + nthr - 1) // nthr):
+        idx = tid + p * nthr
+        idc = _imin(idx, blk - 1)
+        s = _block_sum(red, wk, blk, idc)
+        _put_if(part, idx < blk, idc, s)
+    cluster_sync()
+    part_at = Int32(part.iterator.toint())
+    sh = out.ln.share
+    sums = []
+    for j, idx in out.ln.share_slots(rank, tid, nthr):
+        s = Float32(0.0)
+        for q in range(ks):
+            s = s + ld_cluster_f32(part_at + idx * 4, Int32(q))
+        sums.append((j, idx, s))
+    # done reading the other blocks' sums: arrive before the stores, so the barrier's release
+    # does not wait for them; no block leaves before every block has arrived
+    cluster_arrive()
+    for j, idx, s in sums:
+        m, col = out.ln.out_coord(out.tile, idx)
+        _store_at_if(out.mO, j < sh, m, col, out.value(s, m, col), out.m_rows, out.n)
+    cluster_wait()
+
+
+@cute.jit
+def _put_if(t: cute.Tensor, ok, i, v):
+    if ok:
+        t[i] = v
+
+
+# --------------------------------------------------------------------------------------
 # kernel
 # --------------------------------------------------------------------------------------
 def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
@@ -253,91 +370,18 @@ def build(cfg: Fp8Config, n: int, k: int, a: int, b: int, o: int):
 
         # outputs are computed for clamped coordinates (valid loads of the row / column scales)
         # and stored under the predicate: the predicated regions hold stores only
-        ents = acc_entries(R, MT, g, t)
-        wents = ln.entries(g, t) if cutlass.const_expr(cfg.wgr) else []
+        out = _Out(mO, m_rows, N, OUT_T, ln, tile, tid, NTHR, OUT_BLK)
         if cutlass.const_expr(cfg.wgr and WK == 1 and KS == 1):
-            for q in cutlass.range_constexpr(len(wents)):
-                e, m, row = wents[q]
-                col = n_tile0 + row
-                v = ln.final(acc[e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                if m < m_rows:
-                    if col < N:
-                        mO[m, col] = v
+            _store_wgr(out, acc, g, t, n_tile0)
         elif cutlass.const_expr(WK == 1 and not cfg.wgr):
-            # wg: only warp 0 of the warpgroup holds token rows (the others, wgmma rows 16..63)
-            m_lim = m_rows * Int32(warp % 4 == 0) if cutlass.const_expr(cfg.wg) else m_rows
-            for q in cutlass.range_constexpr(len(ents)):
-                r, e, m, c8 = ents[q]
-                col = n_tile0 + r * 8 + c8
-                v = ln.final(acc[r][e], _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                if m < m_lim:
-                    if col < N:
-                        mO[m, col] = v
+            _store_lane(out, cfg, acc, g, t, n_tile0, warp)
         else:
-            # the warps_k reduction through shared memory (wg: warps 1..3 of a warpgroup write a
-            # second, never-read half instead)
-            red = smem.allocate_tensor(Float32, cute.make_layout((2 if cfg.wg else 1) * WK * OUT_BLK),
-                                       byte_alignment=16)
-            if cutlass.const_expr(cfg.wgr):
-                for q in cutlass.range_constexpr(len(wents)):
-                    e, m, row = wents[q]
-                    red[ln.red_slot(wk, row, m)] = acc[e]
-            else:
-                junk = Int32(warp % 4 != 0) * (WK * OUT_BLK) if cutlass.const_expr(cfg.wg) else 0
-                for q in cutlass.range_constexpr(len(ents)):
-                    r, e, m, c8 = ents[q]
-                    red[ln.red_slot(wk, wn, r, m, c8) + junk] = acc[r][e]
+            red = _to_smem(out, smem, cfg, acc, g, t, wk, wn, warp)
             cute.arch.sync_threads()
-
-            def block_sum(idc):
-                s = Float32(0.0)
-                for qq in cutlass.range_constexpr(WK):
-                    s = s + red[qq * OUT_BLK + idc]
-                return s
-
             if cutlass.const_expr(KS == 1):
-                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                    idx = tid + p * NTHR
-                    idc = _imin(idx, OUT_BLK - 1)
-                    s = block_sum(idc)
-                    m, col = ln.out_coord(tile, idc)
-                    v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                    if idx < OUT_BLK:
-                        if m < m_rows:
-                            if col < N:
-                                mO[m, col] = v
+                _store_block_sums(out, red, WK)
             else:
-                # wgr clusters: the block's sums, then each block finishes its share from every block's
-                part = smem.allocate_tensor(Float32, cute.make_layout(OUT_BLK), byte_alignment=16)
-                for p in cutlass.range_constexpr((OUT_BLK + NTHR - 1) // NTHR):
-                    idx = tid + p * NTHR
-                    idc = _imin(idx, OUT_BLK - 1)
-                    s = block_sum(idc)
-                    if idx < OUT_BLK:
-                        part[idc] = s
-                cluster_sync()
-                part_at = Int32(part.iterator.toint())
-                SH = ln.share
-                sums = []
-                for p in cutlass.range_constexpr((SH + NTHR - 1) // NTHR):
-                    j = tid + p * NTHR
-                    idx = rank * SH + _imin(j, SH - 1)
-                    s = Float32(0.0)
-                    for qq in cutlass.range_constexpr(KS):
-                        s = s + ld_cluster_f32(part_at + idx * 4, Int32(qq))
-                    sums.append((j, idx, s))
-                # done reading the other blocks' sums: arrive before the stores, so the barrier's
-                # release does not wait for them; no block leaves before every block has arrived
-                cluster_arrive()
-                for p in cutlass.range_constexpr(len(sums)):
-                    j, idx, s = sums[p]
-                    m, col = ln.out_coord(tile, idx)
-                    v = ln.final(s, _imin(m, m_rows - 1), _imin(col, N - 1)).to(OUT_T)
-                    if j < SH:
-                        if m < m_rows:
-                            if col < N:
-                                mO[m, col] = v
-                cluster_wait()
+                _store_cluster_share(out, smem, red, WK, KS, rank)
         if cutlass.const_expr(tl is not None):
             cute.arch.sync_threads()  # the end: every warp of the block is past its stores
             _tl_stamp(tl, tid, bid, 3)

@@ -198,6 +198,13 @@ class WgrProgram(LaneProgram):
     def red_slot(self, wk, row, m):
         return wk * self.out_blk + m * ROWS + row
 
+    def share_slots(self, rank, tid, nthr: int):
+        """ks > 1: (j, output index) of the outputs thread tid of cluster block `rank` finishes,
+        one per pass of nthr: j < share are its share's rank * share + j; the rest are clamped to
+        the share's last output and not stored."""
+        return [(tid + p * nthr, rank * self.share + self.o.imin(tid + p * nthr, self.share - 1))
+                for p in range(-(-self.share // nthr))]
+
     def out_coord(self, tile, idx):
         """(token m, column) of output idx (0 <= idx < out_blk) of 64-row tile `tile`."""
         return idx // ROWS, tile * ROWS + idx % ROWS
