@@ -58,6 +58,10 @@ class Comm:
         # group must not hand back a strided input as it is
         if self.size == 1:
             return x.contiguous() if out is None else out.copy_(x)
+        if x.element_size() == 1 and x.dtype != torch.uint8 and not x.is_complex():
+            # fp8 values travel as their bytes (gloo, and NCCL builds without fp8 types, refuse them)
+            r = self.all_gather(x.view(torch.uint8), dim, None if out is None else out.view(torch.uint8))
+            return r.view(x.dtype) if out is None else out
         x = x.contiguous()
         d = dim % x.dim()
         if self.list_form:

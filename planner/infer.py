@@ -15,8 +15,8 @@ __all__ = ["InferCtx", "infer_all", "topo_order"]
 
 
 class _Fail(Exception):
-    def __init__(self, message, field=None, code="shape"):
-        self.message, self.field, self.code = message, field, code
+    def __init__(self, message, field=None, code="shape", hint=None):
+        self.message, self.field, self.code, self.hint = message, field, code, hint
 
 
 class InferCtx:
@@ -47,7 +47,7 @@ class InferCtx:
         name = DTYPE_ALIASES.get(name, name)
         if name not in DTYPES:
             msg, hint = unknown_dtype(name)
-            raise _Fail(msg + (f"; {hint}" if hint else ""), field, "type")
+            raise _Fail(msg, field, "type", hint or None)
         return name
 
     def dim(self, value, field):
@@ -62,7 +62,8 @@ class InferCtx:
         for n in free_names(d) if not isinstance(d, int) else ():
             if n not in self.dims:
                 hint = did_you_mean(n, list(self.params) + list(self.dims))
-                raise _Fail(f"unknown name '{n}' in '{value}'" + (f" ({hint})" if hint else ""), field, "name")
+                raise _Fail(f"unknown name '{n}' in '{value}'" + TUNED_IN_DIM * n.startswith("tuned.")
+                            + (f" ({hint})" if hint else ""), field, "name")
         return d
 
     def simplify(self, e):
@@ -145,6 +146,17 @@ def _field_loc(op, name, locs, field_locs) -> Loc | None:
     return locs.get(op.id)
 
 
+# a tuned limit where a dim is expected (splits=min(n, tuned.cap)): what to write instead
+TUNED_IN_DIM = ("; tuned limits are read by gates only: a dim or split size takes params and dims"
+                " (declare the measured cap as a param, e.g. min(num_tokens * topk, cap))")
+
+# how the ops that can make more results are asked for them
+_MORE_RESULTS = {
+    "all_to_all": " (the received counts are a second result only with counts=...)",
+    "extern": " (several results are declared with shapes=[[...], [...]], not shape=)",
+}
+
+
 def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
     ctx = InferCtx(tensors, params, dims, groups, probes)
     for op in topo_order(ops, set(tensors), locs, field_locs):
@@ -154,9 +166,13 @@ def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
         except _Fail as f:
             key = f.field[0] if isinstance(f.field, tuple) else f.field
             loc = field_locs.get(op.id, {}).get(key) or locs.get(op.id)
-            raise PlanError.at(loc, f.code, f"{op.op} '{op.id}': {f.message}") from None
+            raise PlanError.at(loc, f.code, f"{op.op} '{op.id}': {f.message}", f.hint) from None
         except ExprError as e:  # a budget of the expression language (evaluation steps)
             raise PlanError.at(locs.get(op.id), e.code, f"{op.op} '{op.id}': {e.message}") from None
+        if len(op.out) > len(specs):
+            loc = field_locs.get(op.id, {}).get("out") or locs.get(op.id)
+            raise PlanError.at(loc, "shape", f"{op.op} '{op.id}': makes {len(specs)} tensor(s) but"
+                               f" {len(op.out)} output names are given{_MORE_RESULTS.get(op.op, '')}")
         for s in specs:
             # symbolic dims grow with every pad/cat/slice of a dynamic dim: bound their depth here so
             # that no later walk over them can recurse without limit
@@ -191,6 +207,11 @@ def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
                 readers.setdefault(root(n), []).append(o.id)
     outs = {root(n) for n in outputs if n in tensors}
     for o in writers:
+        if o.op == "add_rmsnorm" and root(o.x) == root(o.residual):
+            loc = field_locs.get(o.id, {}).get("residual") or locs.get(o.id)
+            raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace writes x + residual into '{o.residual}' and"
+                               f" the normalized result into '{o.x}', which are the same storage; drop inplace or"
+                               " give two different tensors")
         for field in ("x", "residual"):
             n = getattr(o, field)
             loc = field_locs.get(o.id, {}).get(field) or locs.get(o.id)

@@ -35,6 +35,9 @@ Reduce = Literal["sum", "avg", "max", "min"]
 
 
 def _check_reduce(ctx, op, t):
+    if t.dtype in FP8_DTYPES:  # no reduction adds fp8 values (and a per-rank scale would not commute)
+        ctx.fail(f"{op.op} cannot reduce fp8 ('{t.name}' is {t.dtype}): reduce the dequantized bf16/fp32"
+                 " values, or gather the fp8 values and their scales", "x")
     if op.reduce == "avg" and t.dtype not in ("bf16", "fp16", "fp32"):
         ctx.fail(f"reduce=avg needs a floating-point tensor; '{t.name}' is {t.dtype}", "reduce")
 
@@ -156,7 +159,7 @@ class AllReduceAddRmsNorm(OpBase):
     residual: str
     w: str
     group: str
-    eps: float = 1e-6
+    eps: float = Field(1e-6, gt=0, description="Added to the mean square (> 0).")
     inplace: bool = Field(False, description="Write residual_out over residual.")
     backend: Literal["auto", "torch", "flashinfer"] = Field(
         "auto", description="torch: the collective then the torch norm; flashinfer: the fused kernel where it fits.")

@@ -106,7 +106,7 @@ class Quantize(OpBase):
     dtype: str = Field("fp8_e4m3", description="fp8_e4m3 or fp8_e5m2.")
     block: list[int] = Field(default_factory=lambda: [1, BLOCK],
                              description="[1, G]: one scale per G elements of a row (G = K: per token).")
-    backend: Literal["auto", "torch", "inductor"] = "auto"
+    backend: Literal["auto", "torch", "inductor", "flashinfer"] = "auto"
 
     def inputs(self):
         return [self.x]

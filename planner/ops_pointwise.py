@@ -35,7 +35,7 @@ class RmsNorm(OpBase):
     op: Literal["rmsnorm"]
     x: str
     w: str
-    eps: float = Field(1e-6, description="Added to the mean square.")
+    eps: float = Field(1e-6, gt=0, description="Added to the mean square (> 0).")
     backend: PointwiseBackend = "auto"
 
     def inputs(self):
@@ -57,7 +57,7 @@ class AddRmsNorm(OpBase):
     x: str
     residual: str
     w: str
-    eps: float = 1e-6
+    eps: float = Field(1e-6, gt=0, description="Added to the mean square (> 0).")
     inplace: bool = Field(False, description="Write the results over x and residual.")
     backend: PointwiseBackend = "auto"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .errors import did_you_mean
 from .expr import Bin, Call, Expr, ExprError, ListE, Name, Num, Str, Unary, unparse
-from .shapes import DTYPE_ALIASES, DTYPES
+from .shapes import DTYPE_ALIASES, DTYPES, unknown_dtype
 
 __all__ = ["Facts", "GateSchema", "check_gate", "simplify_gate", "compile_gate", "RANK_VARYING"]
 
@@ -77,7 +77,12 @@ def _type_of(e: Expr, s: GateSchema, uses: set) -> str:
         if n in DTYPES or n in DTYPE_ALIASES:
             return "dtype"
         known = list(BUILTIN_FACTS) + list(s.dims) + list(s.params) + [f"tuned.{k}" for k in s.tuned]
-        raise ExprError(f"unknown name '{n}' in gate", e.pos, "name", did_you_mean(n, known))
+        hint = did_you_mean(n, known)
+        dmsg, dhint = unknown_dtype(n)
+        if hint is None and dhint:  # most likely a dtype written wrong (dtype(x) == fp8)
+            raise ExprError(f"unknown name '{n}' in gate: not a dim, param or tuned limit; as a dtype, {dmsg}",
+                            e.pos, "name", dhint)
+        raise ExprError(f"unknown name '{n}' in gate", e.pos, "name", hint)
     if isinstance(e, Unary):
         t = _type_of(e.x, s, uses)
         want = "bool" if e.op == "not" else "int"

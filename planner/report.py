@@ -297,7 +297,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
     elif isinstance(fus, dict):
         L.append(st.bold("Collective fusion") + f": {fus['before']} collectives -> {fus['after']}")
         for b in fus["buckets"]:
-            L.append(f"  {st.cyan(b['id'])}: one {b['kind']} over '{b['group']}' (dim {b['dim']}) replaces"
+            along = f" (dim {b['dim']})" if b.get("dim") is not None else ""  # all_reduce has none
+            L.append(f"  {st.cyan(b['id'])}: one {b['kind']} over '{b['group']}'{along} replaces"
                      f" {len(b['members'])}: {', '.join(b['tensors'])}; packed along dim {b['pack_dim']}")
             L.append(f"    packing: {st.green(b['packing'])}: {b['why']}")
             upper = ", ".join(f"{k}={d.hi}" for k, d in plan.dims.items())

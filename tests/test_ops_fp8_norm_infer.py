@@ -26,6 +26,8 @@ inputs:
   sx_blk: fp32[num_tokens, 2]
   sx_row: fp32[num_tokens, 1]
   cnt: int32[2]
+  q: bf16[num_tokens, 4, 32]
+  k: bf16[num_tokens, 32]
 weights:
   wn: bf16[hidden]
   wq: fp8_e4m3[384, hidden]
@@ -34,8 +36,6 @@ weights:
   s1: fp32[1]
   w16: bf16[384, hidden]
   cache: fp32[64, 32]
-  q: bf16[num_tokens, 4, 32]
-  k: bf16[num_tokens, 32]
 """
 
 

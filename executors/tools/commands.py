@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 
 from planner.commands import config_from_args
 from planner.errors import PlanError
@@ -137,6 +139,20 @@ def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0) -> dict | N
     return {"path": path, "ops": len(recs), "streams": sorted({r["stream"] for r in recs})}
 
 
+def _one_rank(body) -> dict:
+    """The single-process run, its failures reported like a rank's (a line, not a traceback)."""
+    from .ranks import RankFailure
+    try:
+        return _rank_body(0, 1, *body)
+    except PlanError:
+        raise
+    except Exception as exc:  # the run's own failure, reported as one line with exit 1
+        if os.environ.get("PLANNER_DEBUG"):
+            traceback.print_exc()
+        err = (type(exc).__name__, " ".join(str(exc).split())[:800])
+        raise RankFailure({0: err}, {}, (0, *err)) from None
+
+
 def cmd_run(args) -> int:
     from planner.lang.loader import load_plan, parse_overrides
 
@@ -150,8 +166,11 @@ def cmd_run(args) -> int:
         raise PlanError.at(None, "param", "--world-size must be at least 1")
     for name, size in plan.groups.items():
         if size not in (1, world):
+            same = [p for p, v in plan.params.items() if v == size and type(v) is int]
+            how = (f"e.g. --set {same[0]}={world}" if len(same) == 1 else
+                   f"one of {', '.join(same)}" if same else "--set the param its size is made of")
             raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
-                               f" (set the plan's size with --set, e.g. --set tp_size={world})")
+                               f" (set the plan's size with --set, {how})")
     dims = _dim_args(args)
     bindings = pick_dims(plan, None, args.seed, dims)  # range errors exit 2 here, not inside a rank
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
@@ -163,7 +182,7 @@ def cmd_run(args) -> int:
     body = (args.plan, overrides, ns, args.device, args.check, dims, args.seed)
     try:
         if world == 1 and not sizes:
-            reports = [_rank_body(0, 1, *body)]
+            reports = [_one_rank(body)]
         else:
             reports = run_ranks(_rank_body, world, *body, backend="nccl" if args.device == "cuda" else "gloo",
                                 timeout_s=args.timeout)

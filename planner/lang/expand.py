@@ -40,14 +40,14 @@ MAX_VARIANTS = 64         # per region: gates are tried in order at every call
 MAX_REGIONS = 20_000
 
 T, TL, S, INT, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
-DLL, SL, B = "dim lists", "symbols", "bool"
+DLL, SL, B, IL = "dim lists", "symbols", "bool", "ints"
 FIELD_KINDS = {
     "x": T, "a": T, "b": T, "xs": TL, "args": TL, "group": S, "dim": INT, "reduce": S,
     "out_dtype": S, "backend": S, "dtype": S, "fn": S, "sizes": DL, "start": D, "stop": D,
     "multiple": D, "shape": DL, "cost_us": F, "stream": S, "id": S, "doc": STR,
     # fp8, norms, activations, rope, all_to_all, several extern results
     "scale_a": T, "scale_b": T, "w": T, "residual": T, "eps": F, "inplace": B, "approximate": S,
-    "q": T, "k": T, "positions": T, "cos_sin_cache": T, "interleave": B, "block": DL,
+    "q": T, "k": T, "positions": T, "cos_sin_cache": T, "interleave": B, "block": IL,
     "splits": D, "counts": T, "shapes": DLL, "dtypes": SL, "side_stream": B,
 }
 POSITIONAL = {
@@ -410,6 +410,8 @@ class Expander:
             raise PlanError.at(loc, "type", f"expected an integer (found {v!r:.40})")
         if fk == DL and isinstance(v, list):
             return [self.interp(x, env, loc) if isinstance(x, str) else x for x in v]
+        if fk == IL and isinstance(v, list):  # static integers: literals or expressions of params
+            return [self.int_value(self.interp(x, env, loc), env, loc) if isinstance(x, str) else x for x in v]
         return v
 
     def int_value(self, text: str, env, loc) -> int:
@@ -591,6 +593,20 @@ class Expander:
             if isinstance(v, ListE) and all(isinstance(x, ListE) for x in v.items):
                 return [[self.dim_text(y) for y in x.items] for x in v.items]
             raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a list of shapes like [[num_tokens, 8], [4]]")
+        if fk == IL:
+            if not isinstance(v, ListE):
+                raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a list of integers like [1, 128]")
+            out = []
+            for x in v.items:
+                try:
+                    r = evaluate(x, env)
+                except ExprError as e:
+                    raise PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint) from None
+                if not isinstance(r, int) or isinstance(r, bool):
+                    raise PlanError.at(loc.shift(x.pos), "type", f"'{k}' takes integers or expressions of"
+                                       f" params, not '{unparse(x)}'")
+                out.append(r)
+            return out
         if fk == DL:
             if isinstance(v, ListE):
                 return [self.dim_text(x) for x in v.items]

@@ -14,11 +14,11 @@ from pydantic import ValidationError
 
 from ..errors import Diagnostic, Loc, PlanError, did_you_mean
 from ..expr import ExprError, budget, evaluate, fold, free_names, parse, unparse
-from ..infer import check_inplace, infer_all
+from ..infer import TUNED_IN_DIM, check_inplace, infer_all
 from ..ir import DimSpec, Plan, Region, Variant
 from ..ops import COLLECTIVES, OP_MODELS
 from ..predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
-from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, unknown_dtype
+from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, fmt_dim, unknown_dtype
 from .document import load_tree
 from .expand import MAX_OPS, Expander
 from .yamlsrc import Source
@@ -291,8 +291,8 @@ def _tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> Te
             raise _expr_error(e, vloc) from None
         for n in free_names(d) if not isinstance(d, int) else ():
             if n not in dims:
-                raise PlanError.at(vloc.shift(it.pos), "name", f"unknown name '{n}' in the shape of '{name}'",
-                                   did_you_mean(n, list(params) + list(dims)))
+                raise PlanError.at(vloc.shift(it.pos), "name", f"unknown name '{n}' in the shape of '{name}'"
+                                   + TUNED_IN_DIM * n.startswith("tuned."), did_you_mean(n, list(params) + list(dims)))
         if any(v < 0 for v in probes.values(d)):
             raise PlanError.at(vloc.shift(it.pos), "shape", f"dim '{unparse(it)}' of '{name}' can be negative")
         dims_out.append(d)
@@ -375,6 +375,11 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
             if name in tensors:
                 raise PlanError.at(root_src.loc(p), "dup", f"tensor '{name}' is declared twice")
             tensors[name] = _tensor_decl(name, raw, kind, root_src, p, params, dims, probes)
+            dyn = [d for d in tensors[name].shape if not isinstance(d, int)]
+            if kind == "weight" and dyn:
+                raise PlanError.at(root_src.loc(p), "shape", f"weight '{name}' has a dimension that varies per"
+                                   f" call ({fmt_dim(dyn[0])}); weights are bound once at build, so their"
+                                   " shapes take params only (declare it under inputs if it changes per call)")
             locs[name] = root_src.loc(p)
             lst.append(name)
 
