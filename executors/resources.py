@@ -125,6 +125,16 @@ def check_run(cp, bindings: dict, device: str, world: int, check: bool):
             hint = (f"the largest is {spec.kind} '{big[0]}' {spec.dtype}{fmt_shape(spec.shape)} = {fmt_bytes(big[1])};"
                     " lower its params (--set) or --num-tokens")
         raise PlanError.at(loc, "limit", msg + " (budget 'device-memory')", hint)
+    # build_executor sizes the activations at the dims' upper bounds: refuse here what it would refuse
+    upper = {k: d.hi for k, d in plan.dims.items()}
+    act = need_bytes(cp, upper, inputs=False, weights=False)["activations"]
+    for dev, share in targets:
+        ok, free = fits(act, dev, share)
+        if not ok:
+            at = ", ".join(f"{k}={v}" for k, v in upper.items())
+            raise PlanError.at(None, "limit", f"the executor allocates {fmt_bytes(act)} of activations per rank"
+                               f" at the dims' largest values ({at}) but {dev} has {fmt_bytes(free)} free"
+                               " (budget 'device-memory')", "narrow the dims' ranges in the plan")
     return need
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
@@ -48,7 +49,10 @@ class _LazyTensors(dict):
 
 
 def _optimistic_facts(cp: Compiled, dims: dict, tuned: dict) -> Facts:
-    return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, tensors=_LazyTensors(cp.tensors, dims))
+    # the world a run of this plan has: its largest group (planner run binds every group to it)
+    world = max([s for s in cp.plan.groups.values() if isinstance(s, int)], default=1)
+    return Facts(dims=dims, capturing=True, cc=90, device="cuda", tuned=tuned, world_size=world,
+                 tensors=_LazyTensors(cp.tensors, dims))
 
 
 # facts an earlier variant's gate may use and still be known to hold at plan time (with every
@@ -82,6 +86,18 @@ def _gate_names(expr):
     return hit[1]
 
 
+def _can_hold(g, facts, by_rank: bool = False) -> bool:
+    """The gate at these facts (by_rank: at some rank of the world); one that cannot be evaluated
+    there (a division by zero at these sizes) is left to run time, where it fails with its own
+    message."""
+    try:
+        if by_rank:
+            return any(g(dataclasses.replace(facts, rank=r)) for r in range(min(facts.world_size, 1024)))
+        return bool(g(facts))
+    except ArithmeticError:
+        return True
+
+
 def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None) -> bool:
     """Does variant v's gate hold at bindings b whatever the other run-time facts are?"""
     names = _gate_names(v.when)
@@ -93,7 +109,7 @@ def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None) -> bool:
         try:
             if not g(f):
                 return False
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, ArithmeticError):
             return False
     return True
 
@@ -107,7 +123,7 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
     for rid, vname in ctx:
         for v in variants.get(rid, []):
             if v.name == vname:
-                if v.when is not None and not _gate(v, gates)(facts):
+                if v.when is not None and not _can_hold(_gate(v, gates), facts, "rank" in v.uses):
                     return False
                 break
             if v.when is not None and _surely(cp, v, b, tuned, gates):
@@ -128,7 +144,7 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
         return None
     gates: dict = {}
     facts_of = lambda b: _optimistic_facts(cp, b, tuned)  # noqa: E731
-    own = [b for b in _bucket_grid(cp, ctx) if v.when is None or _gate(v, gates)(facts_of(b))]
+    own = [b for b in _bucket_grid(cp, ctx) if v.when is None or _can_hold(_gate(v, gates), facts_of(b), "rank" in v.uses)]
     if not own:
         return "its gate holds at no size the dims allow"
     before = []

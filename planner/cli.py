@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from .errors import PlanError, no_gc
+from .errors import Loc, PlanError, no_gc
 from .passes import PASS_NAMES
 from .viz.render import FORMATS
 
@@ -208,6 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # a path given on the command line that cannot be read or written
+        if exc.filename is None:
+            raise
+        why = exc.strerror or type(exc).__name__
+        print_plan_error(PlanError.at(Loc(str(exc.filename)), "io", f"cannot use {exc.filename}: {why}"),
+                         getattr(args, "emit", "text"))
+        return 2
     except Exception as exc:
         from .verify import VerifyError  # lazily: validate/compile stay light to import
         if not isinstance(exc, VerifyError):
@@ -215,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         from .commands import verify_failure
         print(verify_failure(exc), file=sys.stderr)
         return 1
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

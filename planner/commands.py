@@ -24,6 +24,8 @@ from .tuning import (
 __all__ = ["cmd_validate", "cmd_compile", "config_from_args", "tuned_config", "verify_failure"]
 
 
+MAX_STREAMS = 64  # CUDA streams a plan may spread over (a GPU runs 128 queues at most)
+
 def verify_failure(exc) -> str:
     """The one message of a plan the planner compiled but cannot prove right (exit 1)."""
     return f"planner: internal error: the compiled plan fails verification: {exc}"
@@ -72,8 +74,8 @@ def config_from_args(args, plan=None) -> CompileConfig:
     else:
         tuning, source = read_tuning(getattr(args, "tuning", None)), getattr(args, "tuning", None) or "none"
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
-    if args.streams < 1:
-        raise PlanError.at(None, "schema", "--streams must be at least 1")
+    if not 1 <= args.streams <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
+        raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {args.streams}")
     if not (args.min_gain_us >= 0 and args.min_gain_us != float("inf")):  # NaN fails the first test
         raise PlanError.at(None, "schema", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
     return tuned_config(

@@ -129,4 +129,8 @@ class Quantize(OpBase):
         g, k = self.block[1], t.shape[1]
         if not isinstance(k, int) or k % g:
             ctx.fail(f"group size {g} does not divide K = {fmt_dim(k)} of '{self.x}'", "block")
+        if self.backend == "flashinfer":  # what FlashInfer's per-token-group kernel can ever run
+            if g != 128 or dt != "fp8_e4m3" or t.dtype not in ("bf16", "fp16"):
+                ctx.fail(f"backend=flashinfer quantizes bf16/fp16 to fp8_e4m3 in groups of 128 only (here {t.dtype}"
+                         f" to {dt}, groups of {g}); use backend=auto or torch", "backend")
         return [out_spec(self, ctx, t.shape, dt, 0), out_spec(self, ctx, (t.shape[0], k // g), "fp32", 1)]

@@ -20,7 +20,7 @@ from .errors import did_you_mean
 from .expr import Bin, Call, Expr, ExprError, ListE, Name, Num, Str, Unary, unparse
 from .shapes import DTYPE_ALIASES, DTYPES, unknown_dtype
 
-__all__ = ["Facts", "GateSchema", "check_gate", "simplify_gate", "compile_gate", "RANK_VARYING"]
+__all__ = ["Facts", "GateSchema", "check_gate", "check_gate_values", "simplify_gate", "compile_gate", "RANK_VARYING"]
 
 BUILTIN_FACTS = {"capturing": "bool", "cc": "int", "device": "str", "rank": "int", "world_size": "int"}
 GATE_FUNCS = {"contiguous": ("bool", 1), "dtype": ("dtype", 1), "dim": ("int", 2),
@@ -145,6 +145,33 @@ def check_gate(e: Expr, schema: GateSchema) -> set:
     return uses
 
 
+def check_gate_values(e: Expr, ranks: dict, inner: set) -> None:
+    """What a gate's folded form shows wrong before it ever runs: dim(t, i) with a constant i
+    outside t's rank (ranks: tensor -> rank), a division by a constant zero, and a tensor the
+    gate's own region makes (inner: a gate is decided before its region runs)."""
+    if isinstance(e, Call):
+        if e.fn in ("contiguous", "dtype", "dim") and e.args and isinstance(e.args[0], Name):
+            t = e.args[0].id
+            if t in inner:
+                raise ExprError(f"the gate reads '{t}', which its own region makes: a gate is decided before"
+                                " the region runs", e.pos, "cycle")
+            if e.fn == "dim" and len(e.args) == 2 and isinstance(e.args[1], Num) and t in ranks:
+                i, r = e.args[1].value, ranks[t]
+                if not -r <= i < r:
+                    raise ExprError(f"dim({t}, {i}): '{t}' has rank {r}, so its dims are 0..{r - 1}", e.pos, "shape")
+        if e.fn == "ceil_div" and len(e.args) == 2 and isinstance(e.args[1], Num) and e.args[1].value == 0:
+            raise ExprError(f"'{unparse(e)}' divides by zero", e.pos, "param")
+        for a in e.args:
+            check_gate_values(a, ranks, inner)
+    elif isinstance(e, Bin):
+        if e.op in ("//", "/", "%") and isinstance(e.r, Num) and e.r.value == 0:
+            raise ExprError(f"'{unparse(e)}' divides by zero", e.pos, "param")
+        check_gate_values(e.l, ranks, inner)
+        check_gate_values(e.r, ranks, inner)
+    elif isinstance(e, Unary):
+        check_gate_values(e.x, ranks, inner)
+
+
 TRUE, FALSE = Name("true"), Name("false")
 
 
@@ -199,6 +226,10 @@ _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int3
                  "int64": "int64", "int8": "int8", "uint8": "uint8", "fp8_e4m3": "float8_e4m3fn",
                  "fp8_e5m2": "float8_e5m2"}
 _REVERSE = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+def _sizes(f) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(getattr(f, "dims", {}).items())) or "these sizes"
 
 
 def _tensor_dtype(t) -> str:
@@ -259,6 +290,15 @@ def compile_gate(e: Expr):
         import operator as o
         fn = {"==": o.eq, "!=": o.ne, "<": o.lt, "<=": o.le, ">": o.gt, ">=": o.ge,
               "+": o.add, "-": o.sub, "*": o.mul, "//": o.floordiv, "/": o.floordiv, "%": o.mod}[op]
+        if op in ("//", "/", "%"):
+            text = unparse(e)
+
+            def div(f):
+                d = b(f)
+                if d == 0:
+                    raise ZeroDivisionError(f"gate '{text}' divides by zero at {_sizes(f)}")
+                return fn(a(f), d)
+            return div
         return lambda f: fn(a(f), b(f))
     if isinstance(e, Call):
         if e.fn in ("contiguous", "dtype", "dim"):
@@ -272,7 +312,14 @@ def compile_gate(e: Expr):
         args = [compile_gate(a) for a in e.args]
         if e.fn == "ceil_div":
             x, y = args
-            return lambda f: -(-x(f) // y(f))
+            text = unparse(e)
+
+            def cdiv(f):
+                d = y(f)
+                if d == 0:
+                    raise ZeroDivisionError(f"gate '{text}' divides by zero at {_sizes(f)}")
+                return -(-x(f) // d)
+            return cdiv
         fn = min if e.fn == "min" else max
         return lambda f: fn(a(f) for a in args)
     raise TypeError(f"cannot compile {e!r}")

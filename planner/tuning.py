@@ -37,7 +37,7 @@ import re
 from pathlib import Path
 
 from .cost import TUNABLE_KINDS, split_signature
-from .errors import PlanError
+from .errors import Loc, PlanError
 
 __all__ = ["FORMAT_KEYS", "ALL_KEYS", "extern_note", "fusion_key", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
            "read_tuning", "check_limits", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
@@ -84,8 +84,12 @@ def validate_tuning(data, where: str = "tuning") -> dict:
         if not isinstance(v, str):
             raise ValueError(f"{where}: versions.{k} must be a string like \"2.11\", got {v!r}")
     for k, v in data.get("limits", {}).items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{where}: limits.{k} must be a non-negative integer, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
+            raise ValueError(f"{where}: limits.{k} must be a non-negative integer below 2**63, got {v!r:.40}")
+    for sec in ("variants", "candidates"):  # records of what planner tune timed: {key: {label: value}}
+        for k, v in data.get(sec, {}).items():
+            if not isinstance(v, dict):
+                raise ValueError(f"{where}: {sec}['{k}'] must be an object, got {v!r:.40}")
     for k, v in data.get("measured", {}).items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{where}: measured['{k}'] must be a finite non-negative number of us, got {v!r}")
@@ -230,10 +234,31 @@ def read_tuning(path: str | None) -> dict:
     if not path:
         return {}
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PlanError.at(None, "io", f"cannot read tuning file {path}: {exc}") from None
+        data = json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise PlanError.at(Loc(str(path), exc.lineno, exc.colno), "io",
+                           f"cannot read tuning file {path}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError.at(Loc(str(path)), "io", f"cannot read tuning file {path}: not UTF-8 text"
+                           f" (byte {exc.start})") from None
+    except _DuplicateKey as exc:
+        raise PlanError.at(Loc(str(path)), "dup", f"tuning file {path}: duplicate key '{exc.args[0]}'") from None
+    except (OSError, RecursionError) as exc:
+        raise PlanError.at(Loc(str(path)), "io", f"cannot read tuning file {path}: {exc}") from None
     try:
         return validate_tuning(data, str(path))
     except ValueError as exc:
-        raise PlanError.at(None, "schema", str(exc)) from None
+        raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:  # json.loads would keep the last silently; plans refuse duplicates too
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out

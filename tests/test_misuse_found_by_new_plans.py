@@ -117,10 +117,12 @@ def test_a_backend_that_cannot_run_here_is_one_line(tmp_path, capsys, ranks):
 
 
 def test_quantize_takes_flashinfer_and_param_blocks(tmp_path):
-    plan = load(tmp_path, "outputs: [y, s]\nops:\n  - y, s: quantize(x, fp8_e4m3, block=[1, hidden // 2],"
+    plan = load(tmp_path, "outputs: [y, s]\nops:\n  - y, s: quantize(x, fp8_e4m3, block=[1, hidden],"
                           " backend=flashinfer)\n", H)
     op = next(o for o in plan.ops if o.op == "quantize")
-    assert op.block == [1, 64] and op.backend == "flashinfer"
+    assert op.block == [1, 128] and op.backend == "flashinfer"
+    assert plan.tensors["s"].shape[1] == 1
+    plan = load(tmp_path, "outputs: [y, s]\nops:\n  - y, s: quantize(x, fp8_e4m3, block=[1, hidden // 2])\n", H)
     assert plan.tensors["s"].shape[1] == 2
     e = _err(tmp_path, "outputs: [y, s]\nops:\n  - y, s: quantize(x, fp8_e4m3, block=[1, num_tokens])\n")
     assert "takes integers or expressions of params" in e.message or "unknown name" in e.message, e.message

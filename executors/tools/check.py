@@ -54,8 +54,11 @@ def pick_dims(plan, num_tokens: int | None, seed: int, dims: dict | None = None)
     for name, v in fixed.items():
         d = plan.dims.get(name)
         if d is None:
-            raise PlanError.at(None, "name", f"--dim {name}: the plan has no dim '{name}'"
-                               f" (dims: {', '.join(plan.dims) or 'none'})", did_you_mean(name, list(plan.dims)))
+            flag = "--num-tokens" if name == "num_tokens" and num_tokens is not None else f"--dim {name}"
+            hint = did_you_mean(name, list(plan.dims)) or (f"set one with --dim {next(iter(plan.dims))}=N"
+                                                           if plan.dims else None)
+            raise PlanError.at(None, "name", f"{flag}: the plan has no dim '{name}'"
+                               f" (dims: {', '.join(plan.dims) or 'none'})", hint)
         if not d.lo <= v <= d.hi:
             flag = "--num-tokens" if name == "num_tokens" else f"--dim {name}"  # the CLI takes both alike
             raise PlanError.at(None, "param", f"{flag} {v} is outside {d.lo}..{d.hi}")

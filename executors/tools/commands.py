@@ -172,6 +172,15 @@ def cmd_run(args) -> int:
             raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
                                f" (set the plan's size with --set, {how})")
     dims = _dim_args(args)
+    if getattr(args, "timeline", None):  # can it be written: before the run, not after it
+        existed = os.path.exists(args.timeline)
+        try:
+            open(args.timeline, "ab").close()
+            if not existed:
+                os.remove(args.timeline)
+        except OSError as exc:
+            raise PlanError.at(None, "io", f"cannot write the timeline to {args.timeline}:"
+                               f" {exc.strerror or type(exc).__name__}") from None
     bindings = pick_dims(plan, None, args.seed, dims)  # range errors exit 2 here, not inside a rank
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
     # tuning-file errors (unknown key, a limit the plan does not declare) exit 2 here, naming the file

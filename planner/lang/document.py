@@ -83,6 +83,11 @@ def validate_doc(src: Source) -> PlanDoc:
         raise pydantic_error(exc, src, (), list(PlanDoc.model_fields)) from None
 
 
+# what an included (library) file may hold besides `include`, `doc` and its own `plan` name
+LIBRARY_KEYS = ("params", "dims", "groups", "tuned", "blocks")
+LIBRARY_ONLY_NOT = ("streams", "inputs", "weights", "outputs", "ops", "variants")
+
+
 def load_tree(path: Path, text: str | None = None) -> list[tuple[Source, PlanDoc]]:
     """The root plan and every file it includes (depth-first, each once), root last.
 
@@ -107,6 +112,11 @@ def load_tree(path: Path, text: str | None = None) -> list[tuple[Source, PlanDoc
         src = load_yaml(p, display_path(p), txt, MAX_BYTES - used[0])
         used[0] += src.size
         doc = validate_doc(src)
+        if from_loc is not None:  # an included file: only what the docs say it contributes
+            for key in LIBRARY_ONLY_NOT:
+                if key in doc.model_fields_set and getattr(doc, key) not in (None, [], {}):
+                    raise PlanError.at(src.loc((key,)), "schema", f"an included file contributes only"
+                                       f" {', '.join(LIBRARY_KEYS)}; '{key}' belongs to the plan that includes it")
         stack.append(rp)
         for i, inc in enumerate(doc.include):
             loc = src.value_loc(("include", i))

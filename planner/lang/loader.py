@@ -17,7 +17,14 @@ from ..expr import ExprError, budget, evaluate, fold, free_names, parse, unparse
 from ..infer import TUNED_IN_DIM, check_inplace, infer_all
 from ..ir import DimSpec, Plan, Region, Variant
 from ..ops import COLLECTIVES, OP_MODELS
-from ..predicates import RANK_VARYING, GateSchema, check_gate, rename_tensors, simplify_gate
+from ..predicates import (
+    RANK_VARYING,
+    GateSchema,
+    check_gate,
+    check_gate_values,
+    rename_tensors,
+    simplify_gate,
+)
 from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, fmt_dim, unknown_dtype
 from .document import load_tree
 from .expand import MAX_OPS, Expander
@@ -25,19 +32,29 @@ from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
 
-_NAME = re.compile(r"^[A-Za-z_]\w*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # ASCII: the expression language reads no other letters
 _POOL = re.compile(r"^(main|aux\d*)$")  # the planner's pool names, usable without a 'streams:' list
 _FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
 def parse_overrides(items: list[str] | None) -> dict:
-    """--set k=v pairs -> {k: int|str}."""
+    """--set k=v pairs -> {k: int|bool|list[int]|str}: an integer, true / false, a list of
+    integers like [1, 2, 4], else the text."""
     out = {}
     for it in items or []:
         if "=" not in it:
             raise PlanError.at(None, "param", f"--set expects NAME=VALUE, got '{it}'")
         k, v = it.split("=", 1)
         k, v = k.strip(), v.strip()
+        if v.startswith("[") and v.endswith("]"):
+            try:
+                out[k] = [int(x) for x in v[1:-1].split(",") if x.strip()]
+            except ValueError:
+                raise PlanError.at(None, "param", f"--set {k}={v}: a list value takes integers, like [1, 2, 4]") from None
+            continue
+        if v in ("true", "false"):
+            out[k] = v == "true"
+            continue
         try:
             out[k] = int(v)
         except ValueError:
@@ -109,11 +126,16 @@ def _eval_params(decls: dict, overrides: dict) -> dict:
                 raise _expr_error(e, src.value_loc(vpath)) from None
         elif isinstance(v, (bool, int, str)) or (isinstance(v, list) and all(_is_int(x) for x in v)):
             if _is_int(v) and not -2**63 <= v <= 2**63:
-                raise PlanError.at(src.value_loc(vpath), "param", f"param '{name}' = {v:.3g} is beyond +-2**63")
+                raise PlanError.at(src.value_loc(vpath), "param", f"param '{name}' = {v} is beyond +-2**63")
             values[name] = v
         else:
             raise PlanError.at(src.value_loc(vpath), "type", f"param '{name}' must be an integer, string, list of"
                                f" integers or expression (found {v!r:.60})")
+    for name in overrides:  # an overridden value against its choices first: params derived from it fail later
+        spec, src, path = meta[name]
+        if "choices" in spec and values.get(name, spec["choices"][0]) not in spec["choices"]:
+            raise PlanError.at(src.loc(path), "param", f"param '{name}' = {values[name]!r:.60} (--set) is not one of"
+                               f" {spec['choices']!r:.200}")
     # dependency order (Kahn): each param is evaluated once all the params it names are known
     env = {**DTYPE_ALIASES, **{k: k for k in DTYPES}, **values}
     waiting: dict[str, int] = {}
@@ -362,6 +384,12 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
             raw = src.data["blocks"][k]
             if (b.ops is None) == (b.variants is None):
                 raise PlanError.at(src.loc(("blocks", k)), "schema", f"block '{k}' needs exactly one of 'ops' or 'variants'")
+            for field in ("args", "outputs"):
+                names = getattr(b, field)
+                dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+                if dup is not None:
+                    raise PlanError.at(src.loc(("blocks", k, field, names.index(dup, names.index(dup) + 1))), "dup",
+                                       f"block '{k}': {field[:-1]} '{dup}' is listed twice")
             blocks[k] = (raw, src, ("blocks", k))
     ex = Expander(params, blocks)
 
@@ -371,7 +399,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     for section, kind, lst in (("inputs", "input", inputs), ("weights", "weight", weights)):
         for name, raw, p in _expand_keys(getattr(root, section), root_src, (section,), params, ex):
             if not _NAME.match(name):
-                raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name")
+                raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name (ASCII letters, digits and _, not starting with a digit)")
             if name in tensors:
                 raise PlanError.at(root_src.loc(p), "dup", f"tensor '{name}' is declared twice")
             tensors[name] = _tensor_decl(name, raw, kind, root_src, p, params, dims, probes)
@@ -504,6 +532,11 @@ def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[st
                     f" '{r.id}' has collectives: ranks could pick different variants and hang", wloc,
                     "gate regions with collectives on rank-uniform facts only (params, dims, capturing, tuned.*)")])
             simp = simplify_gate(rename_tensors(ast, r.names), params)
+            inner = set(r.outputs) | {n for o in members for n in o.out}
+            try:
+                check_gate_values(simp, {n: t.rank for n, t in tensors.items()}, inner)
+            except ExprError as e:
+                raise PlanError.at(wloc, e.code, f"gate of variant '{name}': {e.message}") from None
             static = True if simp == parse("true") else False if simp == parse("false") else None
             variants.append(Variant(name, simp, when_src, vloc, static, uses))
         out[r.id] = Region(r.id, variants, r.outputs, loc=r.loc)

@@ -111,7 +111,12 @@ class _Converter:
                 for knode, vnode in node.value:
                     if not isinstance(knode, yaml.ScalarNode):
                         raise PlanError.at(self.loc(knode), "schema", "mapping keys must be plain scalars")
-                    k = self.ctor.construct_object(knode)
+                    if knode.tag == "tag:yaml.org,2002:merge":  # the resolver tags '<<' before we see it
+                        raise PlanError.at(self.loc(knode), "schema", "YAML merge keys ('<<') are not supported")
+                    try:
+                        k = self.ctor.construct_object(knode)
+                    except yaml.YAMLError as exc:
+                        raise PlanError.at(self.loc(knode), "yaml", f"bad key: {exc}") from None
                     if isinstance(k, bool) or k is None or isinstance(k, float):
                         k = knode.value  # `on:`/`null:` keys keep their text
                     k = str(k)
