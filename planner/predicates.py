@@ -145,31 +145,31 @@ def check_gate(e: Expr, schema: GateSchema) -> set:
     return uses
 
 
-def check_gate_values(e: Expr, ranks: dict, inner: set) -> None:
+def check_gate_values(e: Expr, tensors, inner: set) -> None:
     """What a gate's folded form shows wrong before it ever runs: dim(t, i) with a constant i
-    outside t's rank (ranks: tensor -> rank), a division by a constant zero, and a tensor the
-    gate's own region makes (inner: a gate is decided before its region runs)."""
+    outside t's rank (tensors: name -> spec with .rank), a division by a constant zero, and a
+    tensor the gate's own region makes (inner: a gate is decided before its region runs)."""
     if isinstance(e, Call):
         if e.fn in ("contiguous", "dtype", "dim") and e.args and isinstance(e.args[0], Name):
             t = e.args[0].id
             if t in inner:
                 raise ExprError(f"the gate reads '{t}', which its own region makes: a gate is decided before"
                                 " the region runs", e.pos, "cycle")
-            if e.fn == "dim" and len(e.args) == 2 and isinstance(e.args[1], Num) and t in ranks:
-                i, r = e.args[1].value, ranks[t]
+            if e.fn == "dim" and len(e.args) == 2 and isinstance(e.args[1], Num) and t in tensors:
+                i, r = e.args[1].value, tensors[t].rank
                 if not -r <= i < r:
                     raise ExprError(f"dim({t}, {i}): '{t}' has rank {r}, so its dims are 0..{r - 1}", e.pos, "shape")
         if e.fn == "ceil_div" and len(e.args) == 2 and isinstance(e.args[1], Num) and e.args[1].value == 0:
             raise ExprError(f"'{unparse(e)}' divides by zero", e.pos, "param")
         for a in e.args:
-            check_gate_values(a, ranks, inner)
+            check_gate_values(a, tensors, inner)
     elif isinstance(e, Bin):
         if e.op in ("//", "/", "%") and isinstance(e.r, Num) and e.r.value == 0:
             raise ExprError(f"'{unparse(e)}' divides by zero", e.pos, "param")
-        check_gate_values(e.l, ranks, inner)
-        check_gate_values(e.r, ranks, inner)
+        check_gate_values(e.l, tensors, inner)
+        check_gate_values(e.r, tensors, inner)
     elif isinstance(e, Unary):
-        check_gate_values(e.x, ranks, inner)
+        check_gate_values(e.x, tensors, inner)
 
 
 TRUE, FALSE = Name("true"), Name("false")

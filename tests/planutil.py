@@ -55,6 +55,24 @@ def error(tmp_path: Path, body: str, header: str = HEADER, **overrides) -> PlanE
     return ei.value
 
 
+def gated(when: str, a_op: str = "y: copy(x)", b_op: str = "y: copy(x)") -> str:
+    """A plan body with one region r exporting y: variant a under `when`, the fallback b."""
+    return f"""
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: a
+        when: {when}
+        ops:
+          - {a_op}
+      - name: b
+        ops:
+          - {b_op}
+"""
+
+
 def ops_by_kind(cp) -> dict:
     out: dict = {}
     for v in cp.schedule or cp.graph.nodes:

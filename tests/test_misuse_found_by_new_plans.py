@@ -11,7 +11,7 @@ import torch
 
 from executors.tools.check import make_data, outputs_match, pick_dims, tolerance
 from planner.cli import main
-from tests.planutil import error, load, write
+from tests.planutil import error, gated, load, write
 
 H = """
 plan: t
@@ -156,20 +156,7 @@ def test_world_size_hint_names_the_plans_param(tmp_path, capsys):
 
 
 def test_gate_dtype_typo_lists_the_dtypes(tmp_path):
-    body = """
-    outputs: [y]
-    ops:
-      - region: r
-        outputs: [y]
-        variants:
-          - name: a
-            when: dtype(x) == fp8
-            ops:
-              - y: copy(x)
-          - name: b
-            ops:
-              - y: copy(x)
-    """
+    body = gated("dtype(x) == fp8")
     e = _err(tmp_path, body)
     assert "valid: bf16" in e.message and e.hint == "did you mean 'fp8_e4m3'?"
 

@@ -14,7 +14,7 @@ import pytest
 from planner.cli import main
 from planner.lang.loader import parse_overrides
 from planner.pipeline import compile_plan
-from tests.planutil import PLANS, error, load, write
+from tests.planutil import PLANS, error, gated, load, write
 
 H = """
 plan: g
@@ -33,20 +33,7 @@ weights:
 
 
 def _gated(when: str) -> str:
-    return f"""
-outputs: [y]
-ops:
-  - region: r
-    outputs: [y]
-    variants:
-      - name: a
-        when: {when}
-        ops:
-          - y: gemm(x, w)
-      - name: b
-        ops:
-          - y: copy(x)
-"""
+    return gated(when, a_op="y: gemm(x, w)")
 
 
 def _diag(tmp_path, body, header=H):

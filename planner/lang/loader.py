@@ -534,7 +534,7 @@ def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[st
             simp = simplify_gate(rename_tensors(ast, r.names), params)
             inner = set(r.outputs) | {n for o in members for n in o.out}
             try:
-                check_gate_values(simp, {n: t.rank for n, t in tensors.items()}, inner)
+                check_gate_values(simp, tensors, inner)
             except ExprError as e:
                 raise PlanError.at(wloc, e.code, f"gate of variant '{name}': {e.message}") from None
             static = True if simp == parse("true") else False if simp == parse("false") else None
