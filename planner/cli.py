@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+from pathlib import Path
 
 from .errors import Loc, PlanError, no_gc
 from .passes import PASS_NAMES
@@ -211,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a path given on the command line that cannot be read or written
-        if exc.filename is None:
+        given = {os.path.abspath(str(v)) for v in vars(args).values() if isinstance(v, (str, Path)) and v}
+        if exc.filename is None or os.path.abspath(str(exc.filename)) not in given:
             raise
         why = exc.strerror or type(exc).__name__
         print_plan_error(PlanError.at(Loc(str(exc.filename)), "io", f"cannot use {exc.filename}: {why}"),
