@@ -86,14 +86,25 @@ def _gate_names(expr):
     return hit[1]
 
 
-def _can_hold(g, facts, by_rank: bool = False) -> bool:
-    """The gate at these facts (by_rank: at some rank of the world); one that cannot be evaluated
-    there (a division by zero at these sizes) is left to run time, where it fails with its own
-    message."""
+# worlds a plan without groups may be run in (an embedded executor uses the caller's world)
+_ANY_WORLD = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _can_hold(g, facts, v=None, cp: Compiled | None = None) -> bool:
+    """The gate of variant v at these facts: at some rank of the world where it reads `rank`, in
+    some world where it reads `world_size` and the plan has no group to fix it. One that cannot be
+    evaluated there (a division by zero at these sizes) is left to run time, where it fails with
+    its own message."""
+    uses = set(getattr(v, "uses", ()) or ())
+    worlds = [facts.world_size]
+    if "world_size" in uses and cp is not None and not any(s > 1 for s in cp.plan.groups.values()):
+        worlds = list(_ANY_WORLD)
     try:
-        if by_rank:
-            return any(g(dataclasses.replace(facts, rank=r)) for r in range(min(facts.world_size, 1024)))
-        return bool(g(facts))
+        for w in worlds:
+            for r in range(min(w, 1024)) if "rank" in uses else (facts.rank,):
+                if g(dataclasses.replace(facts, world_size=w, rank=r)):
+                    return True
+        return False
     except ArithmeticError:
         return True
 
@@ -123,7 +134,7 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
     for rid, vname in ctx:
         for v in variants.get(rid, []):
             if v.name == vname:
-                if v.when is not None and not _can_hold(_gate(v, gates), facts, "rank" in v.uses):
+                if v.when is not None and not _can_hold(_gate(v, gates), facts, v, cp):
                     return False
                 break
             if v.when is not None and _surely(cp, v, b, tuned, gates):
@@ -144,7 +155,7 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
         return None
     gates: dict = {}
     facts_of = lambda b: _optimistic_facts(cp, b, tuned)  # noqa: E731
-    own = [b for b in _bucket_grid(cp, ctx) if v.when is None or _can_hold(_gate(v, gates), facts_of(b), "rank" in v.uses)]
+    own = [b for b in _bucket_grid(cp, ctx) if v.when is None or _can_hold(_gate(v, gates), facts_of(b), v, cp)]
     if not own:
         return "its gate holds at no size the dims allow"
     before = []

@@ -165,6 +165,8 @@ class Rope(OpBase):
         if cache.rank != 2 or not ctx.probes.equal(cache.shape[1], d) or cache.dtype != "fp32":
             ctx.fail(f"cos_sin_cache '{self.cos_sin_cache}' must be fp32 [max_pos, {d}] (cos | sin halves),"
                      f" got {cache.dtype}{fmt_shape(cache.shape)}", "cos_sin_cache")
+        if cache.shape[0] == 0:
+            ctx.fail(f"cos_sin_cache '{self.cos_sin_cache}' has no rows: positions index its rows", "cos_sin_cache")
         return [out_spec(self, ctx, q.shape, q.dtype, 0), out_spec(self, ctx, k.shape, k.dtype, 1)]
 
 

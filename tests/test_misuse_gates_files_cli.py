@@ -170,3 +170,28 @@ def test_rank_gates_are_judged_over_every_rank(tmp_path):
     assert why_never(cp, "r", "a", {}) is None  # rank 1 of the plan's 2 takes it
     cp = compile_plan(load(tmp_path, body.replace("rank == 1", "rank == 5"), H))
     assert why_never(cp, "r", "a", {}) is not None  # no rank of 2 is 5
+
+
+def test_world_size_gates_without_groups_can_hold(tmp_path):
+    header = H.replace("groups:\n  tp: tp_size\n", "")
+    cp = compile_plan(load(tmp_path, _gated("rank == 0 and world_size >= 2").replace("gemm(x, w)", "copy(x)"), header))
+    from planner.analysis import why_never
+    assert why_never(cp, "r", "a", {}) is None  # an embedded executor may run in any world
+
+
+def test_more_names_and_values_refused_where_written(tmp_path, capsys):
+    d = _diag(tmp_path, "outputs: [y]\nops:\n  - yé: copy(x)\n  - y: copy(x)\n")
+    assert "'yé' is not a valid tensor name" in d.message
+    d = _diag(tmp_path, "streams: [main, cömm]\noutputs: [y]\nops:\n  - y: copy(x)\n")
+    assert d.code == "stream" and "cömm" in d.message
+    d = _diag(tmp_path, "outputs: [y]\nops:\n  - y: copy(x)\n", H.replace("  hidden: 64\n", "  hidden: 64\n  !!int abc: 1\n"))
+    assert d.code == "yaml" and "bad key" in d.message and d.loc.line == 4
+    header = H.replace("  x: bf16[num_tokens, hidden]\n", "  x: bf16[num_tokens, hidden]\n  q: bf16[num_tokens, 16]\n"
+                       "  pos: int64[num_tokens]\n").replace("  w: bf16[hidden, hidden]\n", "  w: bf16[hidden, hidden]\n"
+                                                             "  cs: fp32[0, 16]\n")
+    d = _diag(tmp_path, "outputs: [a, b]\nops:\n  - a, b: rope(q, q, pos, cs)\n", header)
+    assert "has no rows" in d.message
+    with pytest.raises(Exception, match="a list value takes integers"):
+        parse_overrides(["a=[1,,2]"])
+    assert main(["validate", str(PLANS / "k3_tp8.yaml"), "--set", "tp_size=true"]) == 2
+    assert "(--set) is not one of [1, 2, 4, 8]" in capsys.readouterr().err

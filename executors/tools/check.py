@@ -156,9 +156,11 @@ def tolerance(dtypes: list[str]) -> tuple[float, float] | None:
 
 
 def outputs_match(a, r, tol: tuple[float, float] | None, normwise: bool = False) -> bool:
-    """Bit-exact (tol None) or allclose, NaNs equal where both have them. normwise (outputs that
-    fp8 arithmetic rounded): also accepted when ||a - r|| <= rtol ||r|| + atol sqrt(n), since
-    a block-scaled fp8 error is relative to its block's magnitude, not to each element."""
+    """Bit-exact (tol None) or allclose, NaNs equal where both have them. normwise (an fp8
+    variant against a reference that took another path): also accepted when every row (token)
+    holds ||a - r|| <= rtol / 2 ||r|| + atol sqrt(n): a block-scaled fp8 error is relative to its
+    block's magnitude rather than to each element, and half of fp8's step bounds its rms; a
+    dropped, zeroed or rescaled row or block is far outside that."""
     if tol is None:
         return bool(torch.equal(a, r)) or bool(((a == r) | (a.isnan() & r.isnan())).all()
                                                 if a.is_floating_point() and a.shape == r.shape else False)
@@ -167,9 +169,12 @@ def outputs_match(a, r, tol: tuple[float, float] | None, normwise: bool = False)
         return True
     if not normwise or bool((af.isnan() ^ rf.isnan()).any()):
         return False
-    keep = ~rf.isnan()
-    d, ref = (af - rf)[keep], rf[keep]
-    return bool(d.norm() <= tol[0] * ref.norm() + tol[1] * max(d.numel(), 1) ** 0.5)
+    if af.dim() == 0:
+        af, rf = af.reshape(1), rf.reshape(1)
+    d = torch.nan_to_num(af - rf).reshape(-1, af.shape[-1])
+    ref = torch.nan_to_num(rf).reshape(-1, af.shape[-1])
+    bound = tol[0] / 2 * ref.norm(dim=1) + tol[1] * max(af.shape[-1], 1) ** 0.5
+    return bool((d.norm(dim=1) <= bound).all())
 
 
 def forced_runs(cp) -> list[dict]:
@@ -187,7 +192,9 @@ def forced_runs(cp) -> list[dict]:
     return out
 
 
-def _compare(plan, outs, routs, precision) -> tuple[bool, list[dict]]:
+def _compare(plan, outs, routs, precision, forced: bool = False) -> tuple[bool, list[dict]]:
+    """forced: a variant forced against the reference's own choice (an fp8 variant against a bf16
+    fallback differs by fp8's rounding): fp8-rounded outputs may also match norm-wise."""
     ok, entries = True, []
     for n in plan.outputs:
         a, r = outs[n], routs[n]
@@ -200,7 +207,7 @@ def _compare(plan, outs, routs, precision) -> tuple[bool, list[dict]]:
         else:
             diff = (a.float() - r.float()).abs()
             entry["max_abs_err"] = float(diff.max()) if diff.numel() else 0.0
-            entry["ok"] = outputs_match(a, r, tol, normwise=any(d.startswith("fp8") for d in precision[n]))
+            entry["ok"] = outputs_match(a, r, tol, normwise=forced and any(d.startswith("fp8") for d in precision[n]))
         ok &= entry["ok"]
         entries.append(entry)
     return ok, entries
@@ -245,7 +252,7 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
         def forced_run(entry: dict, what: str) -> None:
             """One call with what ex is forced to run (a variant, a range's stream plan), checked."""
             fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
-            fok, entries = _compare(plan, fouts, routs, precision)
+            fok, entries = _compare(plan, fouts, routs, precision, forced=entry.get("forced") is not None)
             bad = [e["name"] for e in entries if not e["ok"]]
             report["checked"].append({**entry, "variants": dict(ex.last_variants), "ok": fok, "bad": bad,
                                       "max_abs_err": max((e["max_abs_err"] for e in entries), default=0.0)})

@@ -240,7 +240,7 @@ class Expander:
         text = self.interp(str(text), env, loc)
         names = [n.strip() for n in text.split(",")]
         for n in names:
-            if not re.fullmatch(r"[A-Za-z_][\w.]*", n):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", n):
                 raise PlanError.at(loc, "schema", f"'{n}' is not a valid tensor name")
         return names
 
@@ -320,7 +320,7 @@ class Expander:
                     raise PlanError.at(src.loc(vp + (k,)), "schema", f"unknown key '{k}' in a variant",
                                        did_you_mean(k, ["name", "when", "ops", "doc"]))
             name = v.get("name")
-            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*", name):
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise PlanError.at(src.loc(vp), "variant", "every variant needs a 'name' (an identifier)")
             if name in seen:
                 raise PlanError.at(src.loc(vp + ("name",)), "dup", f"variant '{name}' is defined twice")

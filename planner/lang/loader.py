@@ -48,7 +48,8 @@ def parse_overrides(items: list[str] | None) -> dict:
         k, v = k.strip(), v.strip()
         if v.startswith("[") and v.endswith("]"):
             try:
-                out[k] = [int(x) for x in v[1:-1].split(",") if x.strip()]
+                items = v[1:-1].split(",") if v[1:-1].strip() else []
+                out[k] = [int(x) for x in items]  # an empty item ([1,,2]) is not an integer
             except ValueError:
                 raise PlanError.at(None, "param", f"--set {k}={v}: a list value takes integers, like [1, 2, 4]") from None
             continue
@@ -70,6 +71,11 @@ def _expr_error(e: ExprError, loc: Loc) -> PlanError:
 
 MAX_PARAMS = 50_000
 _PARAM_KEYS = ["value", "choices", "min", "max", "doc"]
+
+
+def _among(v, choices) -> bool:
+    """v is one of choices, of the same type (1 is not true)."""
+    return any(v == c and type(v) is type(c) for c in choices)
 
 
 def _is_int(v) -> bool:
@@ -133,7 +139,7 @@ def _eval_params(decls: dict, overrides: dict) -> dict:
                                f" integers or expression (found {v!r:.60})")
     for name in overrides:  # an overridden value against its choices first: params derived from it fail later
         spec, src, path = meta[name]
-        if "choices" in spec and values.get(name, spec["choices"][0]) not in spec["choices"]:
+        if "choices" in spec and not _among(values.get(name, spec["choices"][0]), spec["choices"]):
             raise PlanError.at(src.loc(path), "param", f"param '{name}' = {values[name]!r:.60} (--set) is not one of"
                                f" {spec['choices']!r:.200}")
     # dependency order (Kahn): each param is evaluated once all the params it names are known
@@ -171,7 +177,7 @@ def _eval_params(decls: dict, overrides: dict) -> dict:
     params = {k: env[k] for k in decls}
     for name, (spec, src, path) in meta.items():
         v = params[name]
-        if "choices" in spec and v not in spec["choices"]:
+        if "choices" in spec and not _among(v, spec["choices"]):
             where = "--set" if name in overrides else "value"
             raise PlanError.at(src.loc(path), "param", f"param '{name}' = {v!r:.60} ({where}) is not one of"
                                f" {spec['choices']!r:.200}")

@@ -113,9 +113,11 @@ class _Converter:
                         raise PlanError.at(self.loc(knode), "schema", "mapping keys must be plain scalars")
                     if knode.tag == "tag:yaml.org,2002:merge":  # the resolver tags '<<' before we see it
                         raise PlanError.at(self.loc(knode), "schema", "YAML merge keys ('<<') are not supported")
+                    if knode.tag not in _SCALAR_TAGS:
+                        raise PlanError.at(self.loc(knode), "schema", f"YAML tag '{knode.tag}' is not allowed in a plan")
                     try:
                         k = self.ctor.construct_object(knode)
-                    except yaml.YAMLError as exc:
+                    except Exception as exc:  # malformed key under an explicit standard tag (!!int abc)
                         raise PlanError.at(self.loc(knode), "yaml", f"bad key: {exc}") from None
                     if isinstance(k, bool) or k is None or isinstance(k, float):
                         k = knode.value  # `on:`/`null:` keys keep their text
