@@ -51,7 +51,8 @@ def parse_overrides(items: list[str] | None) -> dict:
                 items = v[1:-1].split(",") if v[1:-1].strip() else []
                 out[k] = [int(x) for x in items]  # an empty item ([1,,2]) is not an integer
             except ValueError:
-                raise PlanError.at(None, "param", f"--set {k}={v}: a list value takes integers, like [1, 2, 4]") from None
+                raise PlanError.at(None, "param",
+                                   f"--set {k}={v}: a list value takes integers, like [1, 2, 4]") from None
             continue
         if v in ("true", "false"):
             out[k] = v == "true"
@@ -405,7 +406,8 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     for section, kind, lst in (("inputs", "input", inputs), ("weights", "weight", weights)):
         for name, raw, p in _expand_keys(getattr(root, section), root_src, (section,), params, ex):
             if not _NAME.match(name):
-                raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name (ASCII letters, digits and _, not starting with a digit)")
+                raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name"
+                                   " (ASCII letters, digits and _, not starting with a digit)")
             if name in tensors:
                 raise PlanError.at(root_src.loc(p), "dup", f"tensor '{name}' is declared twice")
             tensors[name] = _tensor_decl(name, raw, kind, root_src, p, params, dims, probes)

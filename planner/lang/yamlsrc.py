@@ -114,7 +114,8 @@ class _Converter:
                     if knode.tag == "tag:yaml.org,2002:merge":  # the resolver tags '<<' before we see it
                         raise PlanError.at(self.loc(knode), "schema", "YAML merge keys ('<<') are not supported")
                     if knode.tag not in _SCALAR_TAGS:
-                        raise PlanError.at(self.loc(knode), "schema", f"YAML tag '{knode.tag}' is not allowed in a plan")
+                        raise PlanError.at(self.loc(knode), "schema",
+                                           f"YAML tag '{knode.tag}' is not allowed in a plan")
                     try:
                         k = self.ctor.construct_object(knode)
                     except Exception as exc:  # malformed key under an explicit standard tag (!!int abc)
