@@ -126,8 +126,8 @@ def check_run(cp, bindings: dict, device: str, world: int, check: bool):
                     " lower its params (--set) or --num-tokens")
         raise PlanError.at(loc, "limit", msg + " (budget 'device-memory')", hint)
     # build_executor sizes the activations at the dims' upper bounds: refuse here what it would refuse
-    upper = {k: d.hi for k, d in plan.dims.items()}
-    act = need_bytes(cp, upper, inputs=False, weights=False)["activations"]
+    upper, at_upper = _at_upper(cp)
+    act = at_upper["activations"]
     for dev, share in targets:
         ok, free = fits(act, dev, share)
         if not ok:
@@ -138,12 +138,18 @@ def check_run(cp, bindings: dict, device: str, world: int, check: bool):
     return need
 
 
+def _at_upper(cp) -> tuple[dict, dict]:
+    """(the dims at their upper bounds, need_bytes of the activations there): what build_executor
+    allocates."""
+    upper = {k: d.hi for k, d in cp.plan.dims.items()}
+    return upper, need_bytes(cp, upper, inputs=False, weights=False)
+
+
 def check_build(cp, device) -> dict:
     """build_executor's check: the activations it will allocate at the dims' upper bounds (the weights
     are already the caller's) must fit what `device` has free; raises BuildError with both numbers."""
     from .errors import BuildError
-    upper = {k: d.hi for k, d in cp.plan.dims.items()}
-    need = need_bytes(cp, upper, inputs=False, weights=False)
+    upper, need = _at_upper(cp)
     ok, free = fits(need["activations"], device)
     if not ok:
         dims = ", ".join(f"{k}={v}" for k, v in upper.items())

@@ -228,8 +228,12 @@ _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int3
 _REVERSE = {v: k for k, v in _TORCH_DTYPES.items()}
 
 
-def _sizes(f) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(getattr(f, "dims", {}).items())) or "these sizes"
+def _divisor(d, text: str, f):
+    """d, unless it is zero: then the gate's own message, naming the sizes that reach it."""
+    if d == 0:
+        sizes = ", ".join(f"{k}={v}" for k, v in sorted(getattr(f, "dims", {}).items())) or "these sizes"
+        raise ZeroDivisionError(f"gate '{text}' divides by zero at {sizes}")
+    return d
 
 
 def _tensor_dtype(t) -> str:
@@ -292,13 +296,7 @@ def compile_gate(e: Expr):
               "+": o.add, "-": o.sub, "*": o.mul, "//": o.floordiv, "/": o.floordiv, "%": o.mod}[op]
         if op in ("//", "/", "%"):
             text = unparse(e)
-
-            def div(f):
-                d = b(f)
-                if d == 0:
-                    raise ZeroDivisionError(f"gate '{text}' divides by zero at {_sizes(f)}")
-                return fn(a(f), d)
-            return div
+            return lambda f: fn(a(f), _divisor(b(f), text, f))
         return lambda f: fn(a(f), b(f))
     if isinstance(e, Call):
         if e.fn in ("contiguous", "dtype", "dim"):
@@ -313,13 +311,7 @@ def compile_gate(e: Expr):
         if e.fn == "ceil_div":
             x, y = args
             text = unparse(e)
-
-            def cdiv(f):
-                d = y(f)
-                if d == 0:
-                    raise ZeroDivisionError(f"gate '{text}' divides by zero at {_sizes(f)}")
-                return -(-x(f) // d)
-            return cdiv
+            return lambda f: -(-x(f) // _divisor(y(f), text, f))
         fn = min if e.fn == "min" else max
         return lambda f: fn(a(f) for a in args)
     raise TypeError(f"cannot compile {e!r}")

@@ -39,6 +39,7 @@ MAX_BLOCK_DEPTH = 16
 MAX_VARIANTS = 64         # per region: gates are tried in order at every call
 MAX_REGIONS = 20_000
 
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # ASCII: the expression language reads no other letters
 T, TL, S, INT, D, DL, F, STR = "tensor", "tensors", "symbol", "int", "dim", "dims", "float", "text"
 DLL, SL, B, IL = "dim lists", "symbols", "bool", "ints"
 FIELD_KINDS = {
@@ -320,7 +321,7 @@ class Expander:
                     raise PlanError.at(src.loc(vp + (k,)), "schema", f"unknown key '{k}' in a variant",
                                        did_you_mean(k, ["name", "when", "ops", "doc"]))
             name = v.get("name")
-            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            if not isinstance(name, str) or not IDENT.fullmatch(name):
                 raise PlanError.at(src.loc(vp), "variant", "every variant needs a 'name' (an identifier)")
             if name in seen:
                 raise PlanError.at(src.loc(vp + ("name",)), "dup", f"variant '{name}' is defined twice")
@@ -413,6 +414,17 @@ class Expander:
         if fk == IL and isinstance(v, list):  # static integers: literals or expressions of params
             return [self.int_value(self.interp(x, env, loc), env, loc) if isinstance(x, str) else x for x in v]
         return v
+
+    @staticmethod
+    def int_ast(v, env, loc, why: str) -> int:
+        """An argument's expression evaluated to an integer (why: the error when it is not one)."""
+        try:
+            r = evaluate(v, env)
+        except ExprError as e:
+            raise PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint) from None
+        if not isinstance(r, int) or isinstance(r, bool):
+            raise PlanError.at(loc.shift(v.pos), "type", why)
+        return r
 
     def int_value(self, text: str, env, loc) -> int:
         try:
@@ -552,13 +564,7 @@ class Expander:
                 raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a quoted string")
             return v.value
         if fk == INT:
-            try:
-                r = evaluate(v, env)
-            except ExprError as e:
-                raise PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint) from None
-            if not isinstance(r, int) or isinstance(r, bool):
-                raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be an integer")
-            return r
+            return self.int_ast(v, env, loc, f"'{k}' must be an integer")
         if fk == F:
             from ..expr import Str
             val = None
@@ -596,17 +602,8 @@ class Expander:
         if fk == IL:
             if not isinstance(v, ListE):
                 raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a list of integers like [1, 128]")
-            out = []
-            for x in v.items:
-                try:
-                    r = evaluate(x, env)
-                except ExprError as e:
-                    raise PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint) from None
-                if not isinstance(r, int) or isinstance(r, bool):
-                    raise PlanError.at(loc.shift(x.pos), "type", f"'{k}' takes integers or expressions of"
-                                       f" params, not '{unparse(x)}'")
-                out.append(r)
-            return out
+            return [self.int_ast(x, env, loc, f"'{k}' takes integers or expressions of params, not '{unparse(x)}'")
+                    for x in v.items]
         if fk == DL:
             if isinstance(v, ListE):
                 return [self.dim_text(x) for x in v.items]

@@ -27,12 +27,11 @@ from ..predicates import (
 )
 from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, fmt_dim, unknown_dtype
 from .document import load_tree
-from .expand import MAX_OPS, Expander
+from .expand import IDENT, MAX_OPS, Expander
 from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # ASCII: the expression language reads no other letters
 _POOL = re.compile(r"^(main|aux\d*)$")  # the planner's pool names, usable without a 'streams:' list
 _FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
@@ -86,7 +85,7 @@ def _is_int(v) -> bool:
 def _param_spec(name, raw, src: Source, path) -> dict:
     """The param's mapping form with every field's type checked (value is checked when evaluated)."""
     loc = src.loc(path)
-    if not _NAME.match(name):
+    if not IDENT.fullmatch(name):
         raise PlanError.at(loc, "param", f"'{name}' is not a valid param name")
     spec = raw if isinstance(raw, dict) else {"value": raw}
     bad = set(spec) - set(_PARAM_KEYS)
@@ -405,7 +404,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     inputs, weights = [], []
     for section, kind, lst in (("inputs", "input", inputs), ("weights", "weight", weights)):
         for name, raw, p in _expand_keys(getattr(root, section), root_src, (section,), params, ex):
-            if not _NAME.match(name):
+            if not IDENT.fullmatch(name):
                 raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name"
                                    " (ASCII letters, digits and _, not starting with a digit)")
             if name in tensors:
@@ -443,7 +442,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
             field = str(e["loc"][0]) if e["loc"] else "op"
             word = {"missing": "is required", "extra_forbidden": "is not a field of this op"}.get(e["type"], e["msg"])
             raise PlanError.at(raw.field_locs.get(field, raw.loc), "schema", f"{raw.d.get('op')}: '{field}' {word}") from None
-        if model.stream is not None and not _NAME.match(model.stream):
+        if model.stream is not None and not IDENT.fullmatch(model.stream):
             raise PlanError.at(raw.field_locs.get("stream", raw.loc), "stream",
                                f"stream name {model.stream!r} is not an identifier (e.g. main, aux, comm)")
         if model.stream is not None and model.stream not in declared and not (
@@ -495,7 +494,7 @@ def _streams(root, src) -> list[str]:
     out = []
     for i, name in enumerate(root.streams):
         loc = src.loc(("streams", i))
-        if not _NAME.match(name):
+        if not IDENT.fullmatch(name):
             raise PlanError.at(loc, "stream", f"stream name {name!r} is not an identifier (e.g. main, aux, comm)")
         if name in out:
             raise PlanError.at(loc, "dup", f"stream '{name}' is declared twice")

@@ -70,6 +70,16 @@ class _Converter:
         m = node.start_mark
         return Loc(self.file, m.line + 1, m.column + 1)
 
+    def scalar(self, node, what: str):
+        """A scalar key or value under a standard tag (a located error for any other tag, and for
+        a malformed value under an explicit one: !!int abc)."""
+        if node.tag not in _SCALAR_TAGS:
+            raise PlanError.at(self.loc(node), "schema", f"YAML tag '{node.tag}' is not allowed in a plan")
+        try:
+            return self.ctor.construct_object(node)
+        except Exception as exc:
+            raise PlanError.at(self.loc(node), "yaml", f"bad {what}: {exc}") from None
+
     def convert(self, root):
         # iterative to survive deep documents; depth is already bounded by _check_depth
         out_root: list = [None]
@@ -88,13 +98,7 @@ class _Converter:
                     self.vlocs[path] = self.loc(node).shift(1)
                 elif not node.style:
                     self.vlocs[path] = self.loc(node)
-                if node.tag not in _SCALAR_TAGS:
-                    raise PlanError.at(self.loc(node), "schema", f"YAML tag '{node.tag}' is not allowed in a plan")
-                try:
-                    value = self.ctor.construct_object(node)
-                except Exception as exc:  # malformed scalar under an explicit standard tag
-                    raise PlanError.at(self.loc(node), "yaml", f"bad scalar: {exc}") from None
-                parent[key] = value
+                parent[key] = self.scalar(node, "scalar")
             elif isinstance(node, yaml.SequenceNode):
                 if node.tag != "tag:yaml.org,2002:seq":
                     raise PlanError.at(self.loc(node), "schema", f"YAML tag '{node.tag}' is not allowed in a plan")
@@ -113,13 +117,7 @@ class _Converter:
                         raise PlanError.at(self.loc(knode), "schema", "mapping keys must be plain scalars")
                     if knode.tag == "tag:yaml.org,2002:merge":  # the resolver tags '<<' before we see it
                         raise PlanError.at(self.loc(knode), "schema", "YAML merge keys ('<<') are not supported")
-                    if knode.tag not in _SCALAR_TAGS:
-                        raise PlanError.at(self.loc(knode), "schema",
-                                           f"YAML tag '{knode.tag}' is not allowed in a plan")
-                    try:
-                        k = self.ctor.construct_object(knode)
-                    except Exception as exc:  # malformed key under an explicit standard tag (!!int abc)
-                        raise PlanError.at(self.loc(knode), "yaml", f"bad key: {exc}") from None
+                    k = self.scalar(knode, "key")
                     if isinstance(k, bool) or k is None or isinstance(k, float):
                         k = knode.value  # `on:`/`null:` keys keep their text
                     k = str(k)
