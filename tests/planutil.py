@@ -55,6 +55,11 @@ def error(tmp_path: Path, body: str, header: str = HEADER, **overrides) -> PlanE
     return ei.value
 
 
+def diagnostic(tmp_path: Path, body: str, header: str = HEADER, **overrides):
+    """The one diagnostic (code, message, loc, hint) a plan that must not load gets."""
+    return error(tmp_path, body, header, **overrides).diagnostics[0]
+
+
 def gated(when: str, a_op: str = "y: copy(x)", b_op: str = "y: copy(x)") -> str:
     """A plan body with one region r exporting y: variant a under `when`, the fallback b."""
     return f"""

@@ -11,7 +11,7 @@ import torch
 
 from executors.tools.check import make_data, outputs_match, pick_dims, tolerance
 from planner.cli import main
-from tests.planutil import error, gated, load, write
+from tests.planutil import diagnostic, gated, load, write
 
 H = """
 plan: t
@@ -36,8 +36,7 @@ weights:
 
 
 def _err(tmp_path, body, header=H):
-    """The plan's one diagnostic (code, message, loc, hint)."""
-    return error(tmp_path, body, header).diagnostics[0]
+    return diagnostic(tmp_path, body, header)
 
 
 def _run(tmp_path, body, *args, header=H):

@@ -14,22 +14,10 @@ import pytest
 from planner.cli import main
 from planner.lang.loader import parse_overrides
 from planner.pipeline import compile_plan
-from tests.planutil import PLANS, error, gated, load, write
+from tests.planutil import HEADER, PLANS, diagnostic, gated, load, write
 
-H = """
-plan: g
-params:
-  hidden: 64
-  tp_size: 2
-dims:
-  num_tokens: 1..16
-groups:
-  tp: tp_size
-inputs:
-  x: bf16[num_tokens, hidden]
-weights:
-  w: bf16[hidden, hidden]
-"""
+# the shared header with a square weight (a gemm variant of the same shape as a copy of x)
+H = HEADER.replace("  w: bf16[32, hidden]\n  w2: bf16[16, hidden]\n", "  w: bf16[hidden, hidden]\n")
 
 
 def _gated(when: str) -> str:
@@ -37,7 +25,7 @@ def _gated(when: str) -> str:
 
 
 def _diag(tmp_path, body, header=H):
-    return error(tmp_path, body, header).diagnostics[0]
+    return diagnostic(tmp_path, body, header)
 
 
 @pytest.mark.parametrize("when, code, want", [
