@@ -240,12 +240,18 @@ def _block_sum(red, wk: int, out_blk: int, idc):
     return s
 
 
-def _store_block_sums(out: _Out, red, wk: int):
-    """Each thread sums output idx over the warps_k partials and stores it."""
+def _block_passes(out: _Out, red, wk: int):
+    """Per pass of the block's threads over its outputs: (output idx, idx clamped to the block,
+    the sum of its warps_k partials); the caller stores each pass before the next is summed."""
     for p in range((out.out_blk + out.nthr - 1) // out.nthr):
         idx = out.tid + p * out.nthr
         idc = _imin(idx, out.out_blk - 1)
-        s = _block_sum(red, wk, out.out_blk, idc)
+        yield idx, idc, _block_sum(red, wk, out.out_blk, idc)
+
+
+def _store_block_sums(out: _Out, red, wk: int):
+    """Each thread sums output idx over the warps_k partials and stores it."""
+    for idx, idc, s in _block_passes(out, red, wk):
         m, col = out.ln.out_coord(out.tile, idc)
         _store_at_if(out.mO, idx < out.out_blk, m, col, out.value(s, m, col), out.m_rows, out.n)
 
@@ -253,18 +259,14 @@ def _store_block_sums(out: _Out, red, wk: int):
 def _store_cluster_share(out: _Out, smem, red, wk: int, ks: int, rank):
     """wgr clusters: the block's sums into shared memory, then each block finishes its share of
     the tile from every block's sums (distributed shared memory) and stores it."""
-    blk, nthr, tid = out.out_blk, out.nthr, out.tid
-    part = _alloc_f32(smem, blk)
-    for p in range((blk + nthr - 1) // nthr):
-        idx = tid + p * nthr
-        idc = _imin(idx, blk - 1)
-        s = _block_sum(red, wk, blk, idc)
-        _put_if(part, idx < blk, idc, s)
+    part = _alloc_f32(smem, out.out_blk)
+    for idx, idc, s in _block_passes(out, red, wk):
+        _put_if(part, idx < out.out_blk, idc, s)
     cluster_sync()
     part_at = Int32(part.iterator.toint())
     sh = out.ln.share
     sums = []
-    for j, idx in out.ln.share_slots(rank, tid, nthr):
+    for j, idx in out.ln.share_slots(rank, out.tid, out.nthr):
         s = Float32(0.0)
         for q in range(ks):
             s = s + ld_cluster_f32(part_at + idx * 4, Int32(q))
