@@ -212,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as exc:  # a path given on the command line that cannot be read or written
-        given = {os.path.abspath(str(v)) for v in vars(args).values() if isinstance(v, (str, Path)) and v}
-        if exc.filename is None or os.path.abspath(str(exc.filename)) not in given:
+        given = [Path(os.path.abspath(str(v))) for v in vars(args).values() if isinstance(v, (str, Path)) and v]
+        bad = Path(os.path.abspath(str(exc.filename))) if exc.filename is not None else None
+        if bad is None or not any(g == bad or bad in g.parents for g in given):  # the path or a folder on it
             raise
         why = exc.strerror or type(exc).__name__
         print_plan_error(PlanError.at(Loc(str(exc.filename)), "io", f"cannot use {exc.filename}: {why}"),

@@ -152,6 +152,7 @@ def cmd_compile(args) -> int:
     text = dumps_json(cp, cfg) + "\n" if args.emit == "json" else to_text(
         cp, cfg, color=None if not args.output else False, full=args.full)
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # as viz -o and tune -o do
         Path(args.output).write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)
     else:

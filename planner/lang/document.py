@@ -127,6 +127,8 @@ def load_tree(path: Path, text: str | None = None) -> list[tuple[Source, PlanDoc
                 raise PlanError.at(loc, "include", f"cannot resolve include '{inc}'") from None
             if not resolved.is_relative_to(root_dir):
                 raise PlanError.at(loc, "include", f"include '{inc}' leaves the plan's directory ({display_path(root_dir)})")
+            if resolved.is_dir():
+                raise PlanError.at(loc, "include", f"include '{inc}' is a directory; name a YAML file")
             if not resolved.is_file():
                 raise PlanError.at(loc, "include", f"included file '{inc}' does not exist")
             visit(target, None, loc)
