@@ -39,6 +39,7 @@ on the same executor (the side streams and events are per executor).
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import weakref
 
@@ -49,8 +50,9 @@ from planner.expr import Bin, Call, Name, Num, Unary, fold, parse
 from .dims import shape_fn
 from .dtypes import TORCH_DTYPES, torch_dtype
 from .errors import InputError
+from .overlap import overlaps, storage_key
 
-__all__ = ["register_ops", "compiled_call", "check_out", "write_outputs", "sym_eval", "describe"]
+__all__ = ["register_ops", "compiled_call", "check_out", "write_outputs", "sym_eval", "describe", "dims_arg"]
 
 _LIB: torch.library.Library | None = None
 _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
@@ -267,11 +269,15 @@ def register_ops(ex):
         inputs, dims = split(args)
         b = e.check_inputs(inputs, dims)
         env = e._run(inputs, dims, keep=spec.roots)
+        # a returned buffer must not be an input's or a weight's memory (a view op or model code
+        # can hand one back): the op's schema promises fresh tensors
+        held = {storage_key(t) for t in [*inputs.values(), *e._weights.values()] if t.numel()}
         outs = []
         for i, r in enumerate(spec.roots):
             t = env.get(r)
             shape, strides = spec.root_layout(i, b, False)
-            if (t is None or r in spec.copy_roots or not _same_layout(t, shape, strides)
+            if (t is None or r in spec.copy_roots or (t.numel() and storage_key(t) in held)
+                    or not _same_layout(t, shape, strides)
                     or not _views_match(spec, i, t, env, b)):
                 # another variant ran (or the buffer is not laid out as declared): the root in the
                 # declared layout, each output copied into its view of it
@@ -294,7 +300,7 @@ def register_ops(ex):
         inputs, dims = split(args)
         b = e.check_inputs(inputs, dims)
         out = dict(zip(spec.outputs, args[n_in + n_d:], strict=True))
-        check_out(e, out, b)
+        check_out(e, out, b, inputs)
         write_outputs(e, e._run(inputs, dims), out)
 
     def fake_out(*args):
@@ -352,6 +358,39 @@ def bindings(ex, spec: _OpSpec, inputs: dict, dims: dict | None, fake: bool = Fa
     return b
 
 
+def dims_arg(ex, dims, sym: bool = False) -> dict | None:
+    """A call's dims=: None or {plan dim: int} (a SymInt too under torch.compile); a None value
+    is a dim not given. Raises InputError for anything else."""
+    if dims is None:
+        return None
+    name = ex.plan.name
+    if not isinstance(dims, dict):
+        raise InputError(f"plan '{name}': dims= must be a dict {{dim: int}}, got {type(dims).__name__}")
+    bad = [d for d in dims if d not in ex.plan.dims]
+    if bad:
+        raise InputError(f"plan '{name}': dims= names {bad} but the plan's dims are {sorted(ex.plan.dims)}")
+    out = {}
+    for d, v in dims.items():
+        if v is None:
+            continue
+        if sym and isinstance(v, torch.SymInt):
+            out[d] = v
+            continue
+        if isinstance(v, bool) or isinstance(v, float):
+            raise InputError(f"plan '{name}': dims['{d}'] must be an int, got {type(v).__name__} {v!r}")
+        try:
+            out[d] = operator.index(v)
+        except TypeError:
+            raise InputError(f"plan '{name}': dims['{d}'] must be an int, got {type(v).__name__} {v!r:.40}") from None
+    return out or None
+
+
+def _out_names(ex, out, outputs) -> None:
+    if not isinstance(out, dict) or set(out) != set(outputs):
+        got = sorted(out) if isinstance(out, dict) else type(out).__name__
+        raise InputError(f"plan '{ex.plan.name}': out= must be a dict naming the outputs {outputs}; got {got}")
+
+
 def compiled_call(ex, inputs: dict, dims: dict | None, out: dict | None):
     """What Executor.__call__ does under Dynamo: one op call, outputs as a dict."""
     spec = ex._op_spec
@@ -361,20 +400,27 @@ def compiled_call(ex, inputs: dict, dims: dict | None, out: dict | None):
     for n, t in zip(spec.inputs, args, strict=True):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"plan '{ex.plan.name}': input '{n}' must be a tensor {ex._checks[n][4]}, got {type(t).__name__}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in args):
+        grads = [n for n, t in zip(spec.inputs, args, strict=True) if t.requires_grad]
+        raise InputError(f"plan '{ex.plan.name}': inputs {grads} require grad, but under torch.compile the plan is"
+                         " one custom op without a backward; call it under torch.no_grad() or"
+                         " torch.inference_mode(), or pass detached inputs (eager calls are differentiable)")
+    dims = dims_arg(ex, dims, sym=True)
     dv = [None if dims is None else dims.get(d) for d in spec.dims]
     if out is not None:
+        _out_names(ex, out, spec.outputs)
         ex._op_out(*args, *dv, *[out[o] for o in spec.outputs])
         return out
     roots = ex._op(*args, *dv)
     return spec.views(list(roots), bindings(ex, spec, inputs, dims))
 
 
-def check_out(ex, out, b: dict):
-    """The out= tensors of a call at bindings b: every output named, its shape, dtype and device."""
+def check_out(ex, out, b: dict, inputs: dict):
+    """The out= tensors of a call at bindings b: every output named, its shape, dtype and device,
+    and no two of them, and none with an input or a weight, sharing memory (the outputs are
+    copied in turn, so an overlap would hand back a value another copy overwrote)."""
     spec = ex._op_spec or _OpSpec(ex)
-    if not isinstance(out, dict) or set(out) != set(spec.outputs):
-        got = sorted(out) if isinstance(out, dict) else type(out).__name__
-        raise InputError(f"plan '{ex.plan.name}': out= must be a dict naming the outputs {spec.outputs}; got {got}")
+    _out_names(ex, out, spec.outputs)
     for o in spec.outputs:
         dst, shape = out[o], tuple(sym_eval(d, b) for d in spec.out_shape[o])
         if (not isinstance(dst, torch.Tensor) or tuple(dst.shape) != tuple(shape) or dst.dtype != spec.out_dtype[o]
@@ -382,6 +428,13 @@ def check_out(ex, out, b: dict):
             got = f"{dst.dtype}{list(dst.shape)} on {dst.device}" if isinstance(dst, torch.Tensor) else type(dst).__name__
             raise InputError(f"plan '{ex.plan.name}': out['{o}'] must be {spec.out_dtype[o]}{list(shape)} on"
                              f" {ex.device}; got {got}")
+    others = [(f"out['{o}']", out[o]) for o in spec.outputs] + [(f"input '{n}'", t) for n, t in inputs.items()]
+    others += [(f"weight '{n}'", t) for n, t in ex._weights.items()]
+    for i, o in enumerate(spec.outputs):
+        for what, t in others[i + 1:]:
+            if isinstance(t, torch.Tensor) and overlaps(out[o], t):
+                raise InputError(f"plan '{ex.plan.name}': out['{o}'] shares memory with {what}; give each output"
+                                 " its own memory, apart from the inputs and weights")
 
 
 def write_outputs(ex, res: dict, out: dict) -> dict:

@@ -22,7 +22,7 @@ import torch
 from planner.expr import unparse
 from planner.predicates import Facts
 
-from .custom_op import check_out, compiled_call, describe, write_outputs
+from .custom_op import check_out, compiled_call, describe, dims_arg, write_outputs
 from .dims import DimError, shape_fn
 from .dtypes import torch_dtype
 from .errors import InputError
@@ -118,9 +118,10 @@ class Executor:
             # under Dynamo the call is one opaque custom op (executors.custom_op): streams, events
             # and gates run inside it at run time, the fake kernel gives the traced shapes
             return compiled_call(self, inputs, dims, out)
+        dims = dims_arg(self, dims)
         b = self.check_inputs(inputs, dims)
         if out is not None:
-            check_out(self, out, b)
+            check_out(self, out, b, inputs)
             return write_outputs(self, self._run(inputs, dims, _facts), out)
         return self._run(inputs, dims, _facts)
 

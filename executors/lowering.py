@@ -8,6 +8,7 @@ The call itself is executors.executor.Executor.
 
 from __future__ import annotations
 
+import difflib
 from typing import NamedTuple
 
 import networkx as nx
@@ -16,7 +17,7 @@ import torch
 from planner.ops import COLLECTIVES
 from planner.verify import verify
 
-from .backends import lookup
+from .backends import backend_names, lookup
 from .backends.allreduce_norm import tuned_allreduce_norm
 from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_description
 from .custom_op import register_ops
@@ -62,10 +63,63 @@ def _resolve_device(device, weights) -> torch.device:
     if device is None:
         w = next(iter(weights.values()), None)
         device = w.device if w is not None else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise BuildError(f"device={device!r} is not a torch device: {exc}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise BuildError(f"device={device!r}: executors run on cpu or cuda, not {dev.type}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BuildError(f"device={device!r} but CUDA is not available here (torch {torch.__version__},"
+                             f" cuda {torch.version.cuda}); build on cpu or on a machine with a GPU")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise BuildError(f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def _weights_dict(cp, weights) -> dict:
+    """build_executor's weights=: a dict of tensors (None for a plan without weights)."""
+    if weights is None:
+        weights = {}
+    if not isinstance(weights, dict):
+        raise BuildError(f"plan '{cp.plan.name}': weights= must be a dict {{name: tensor}}, got {type(weights).__name__}")
+    for k, t in weights.items():
+        if not isinstance(t, torch.Tensor):
+            raise BuildError(f"weight '{k}' must be a tensor, got {type(t).__name__}")
+    return weights
+
+
+def _check_externs(cp, externs, needed) -> dict:
+    plan = cp.plan
+    externs = dict(externs or {})
+    unbound = [n for n in needed if n not in externs]
+    if unbound:
+        raise BuildError(f"plan '{plan.name}' calls extern(s) {unbound} but externs= binds {sorted(externs)};"
+                         " pass callables for them (executors.tools.externs.default_externs(plan) gives test stand-ins)")
+    called = sorted({op.fn for op in plan.ops if op.op == "extern"})  # dead code included
+    unused = sorted(n for n in externs if n not in called)
+    if unused:  # a misspelt binding would otherwise pass silently beside a default one
+        raise BuildError(f"externs= binds {unused}, which plan '{plan.name}' never calls (it calls {called})"
+                         + (f"; did you mean '{m[0]}'?" if (m := difflib.get_close_matches(unused[0], called, 1)) else ""))
+    for n, fn in externs.items():
+        if not callable(fn):
+            raise BuildError(f"externs['{n}'] must be callable(*tensors), got {type(fn).__name__}")
+    return externs
+
+
+def _check_prefs(prefs):
+    if prefs is None:
+        return None
+    if isinstance(prefs, str) or not all(isinstance(b, str) for b in prefs):
+        raise BuildError(f"backend_prefs= must be a list of backend names, got {prefs!r:.80}")
+    known = backend_names()
+    bad = [b for b in prefs if b not in known]
+    if bad:
+        raise BuildError(f"backend_prefs= names {bad}, which no op has; backends: {sorted(known)}")
+    return tuple(prefs)
 
 
 def _check_weights(cp, weights, device):
@@ -116,6 +170,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if not cp.schedule:
         cp.schedule = default_schedule(cp)
     verify(cp)  # nothing runs that the planner cannot prove ordered (raises planner.verify.VerifyError)
+    weights = _weights_dict(cp, weights)
+    backend_prefs = _check_prefs(backend_prefs)
     device = _resolve_device(device, weights)
     _check_weights(cp, weights, device)
     if check_memory:
@@ -139,12 +195,8 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if tuning_error is not None:
         raise tuning_error
     check_group_sizes(comms)
-    externs = dict(externs or {})
-    needed = sorted({g.nodes[v]["op"].fn for v in cp.schedule if g.nodes[v]["op"].op == "extern"})
-    unbound = [n for n in needed if n not in externs]
-    if unbound:
-        raise BuildError(f"plan '{plan.name}' calls extern(s) {unbound} but externs= binds {sorted(externs)};"
-                         " pass callables for them (executors.tools.externs.default_externs(plan) gives test stand-ins)")
+    externs = _check_externs(cp, externs, sorted({g.nodes[v]["op"].fn for v in cp.schedule
+                                                  if g.nodes[v]["op"].op == "extern"}))
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
     dev_weights = {k: weights[k] for k in plan.weights}
     bctx = _BuildCtx(cp, device, comms, externs, dev_weights, weights.layouts)

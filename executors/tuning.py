@@ -71,9 +71,11 @@ def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
     if not tuning:
         return {}, "none (tuning={}): plan defaults"
     if where == "tuning=" and not any(k in ALL_KEYS for k in tuning):
-        for k in tuning:  # the in-code shorthand {limit: int}
+        for k, v in tuning.items():  # the in-code shorthand {limit: int}
             if k not in plan.tuned:
                 raise BuildError(f"tuning sets '{k}' but the plan declares tuned limits {sorted(plan.tuned)}")
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise BuildError(f"tuning['{k}'] must be an integer limit, got {v!r:.60}")
         return {"limits": {k: int(v) for k, v in tuning.items()}}, "tuning= (limits " + ", ".join(
             f"{k}={v}" for k, v in tuning.items()) + ")"
     try:

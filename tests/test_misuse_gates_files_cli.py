@@ -117,7 +117,8 @@ def test_malformed_tuning_files_are_located_errors(tmp_path, capsys, content, co
     assert e["code"] == code and want in e["message"] and e["file"] == str(t), e
 
 
-@pytest.mark.parametrize("cmd", [["compile", "-o", "{dir}"], ["viz", "-o", "{dir}/x.svg/"], ["compile", "-o", "/proc/x.txt"]])
+@pytest.mark.parametrize("cmd", [["compile", "-o", "{dir}"], ["viz", "-o", "{dir}/x.svg/"], ["compile", "-o", "/proc/x.txt"],
+                                 ["compile", "-o", "/proc/no/such/x.txt"], ["viz", "-o", "/proc/no/x.png"]])
 def test_unwritable_outputs_are_io_errors(tmp_path, capsys, cmd):
     (tmp_path / "x.svg").mkdir()
     args = [a.replace("{dir}", str(tmp_path)) for a in cmd]
@@ -183,3 +184,45 @@ def test_more_names_and_values_refused_where_written(tmp_path, capsys):
         parse_overrides(["a=[1,,2]"])
     assert main(["validate", str(PLANS / "k3_tp8.yaml"), "--set", "tp_size=true"]) == 2
     assert "(--set) is not one of [1, 2, 4, 8]" in capsys.readouterr().err
+
+
+def test_compile_output_makes_its_folders(tmp_path):
+    out = tmp_path / "build" / "k3" / "plan.txt"
+    assert main(["compile", str(PLANS / "k3_kda_projection.yaml"), "-o", str(out)]) == 0
+    assert "k3_kda_projection" in out.read_text()
+
+
+STRING_PARAM = """
+plan: s
+params:
+  mode: {value: %s, choices: [fast, slow]}
+  other: 2
+dims:
+  num_tokens: 1..8
+inputs:
+  x: bf16[num_tokens, 16]
+outputs: [y]
+ops:
+  - y: add(x, x)
+"""
+
+
+@pytest.mark.parametrize("value", ["fast", "\"'fast'\""])
+def test_string_param_value_as_written_in_its_choices(tmp_path, value):
+    plan = load(tmp_path, STRING_PARAM % value, header="")
+    assert plan.params["mode"] == "fast"
+
+
+def test_string_param_outside_its_choices_is_located(tmp_path):
+    d = diagnostic(tmp_path, STRING_PARAM % "slw", header="")
+    assert d.code == "param" and "is not one of ['fast', 'slow']" in d.message and "'slow'" in (d.hint or "")
+    assert d.loc.line == 3
+    # a value naming another param is still that param's value (and then outside the choices)
+    d = diagnostic(tmp_path, STRING_PARAM % "other", header="")
+    assert "= 2 (value) is not one of" in d.message
+
+
+def test_include_of_a_directory_says_so(tmp_path):
+    (tmp_path / "lib").mkdir()
+    d = diagnostic(tmp_path, "include: [lib]\n" + STRING_PARAM % "fast", header="")
+    assert d.code == "include" and "is a directory" in d.message

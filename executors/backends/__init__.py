@@ -17,8 +17,9 @@ imports a GPU library until a capability check or a run needs it.
 from __future__ import annotations
 
 from .registry import DEFAULT_PRIORITY, Impl, UnsupportedOp, find, register, registered
+from .registry import backend_names as _names
 
-__all__ = ["DEFAULT_PRIORITY", "Impl", "UnsupportedOp", "register", "lookup", "backends_for"]
+__all__ = ["DEFAULT_PRIORITY", "Impl", "UnsupportedOp", "register", "lookup", "backends_for", "backend_names"]
 
 _loaded = False
 
@@ -44,6 +45,12 @@ def backends_for(kind: str) -> list[str]:
     """Every backend that implements `kind`."""
     _load()
     return registered(kind)
+
+
+def backend_names() -> set[str]:
+    """Every registered backend name (of any op kind)."""
+    _load()
+    return _names()
 
 
 def lookup(op, specs, device: str, prefs: tuple | list | None = None, comms: dict | None = None) -> Impl:

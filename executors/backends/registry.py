@@ -71,6 +71,11 @@ def registered(kind: str) -> list[str]:
     return [b for (k, b) in _REGISTRY if k == kind]
 
 
+def backend_names() -> set[str]:
+    """Every backend name registered for some op."""
+    return {b for (_, b) in _REGISTRY}
+
+
 def find(op, specs, device: str, prefs: tuple | list | None = None, comms: dict | None = None) -> Impl:
     """The implementation that runs `op` among those registered; raises UnsupportedOp with every reason.
     comms: {plan group: executors.collectives.Comm}, for the backends' placement checks."""

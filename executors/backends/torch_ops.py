@@ -125,6 +125,16 @@ def _check_result(op, r, want, dt, what=""):
         raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}{what}; the plan declares {want} {dt}")
 
 
+def _call(op, fn, ins, **kw):
+    """The model code's call; what it raises passes through unchanged, with a note naming the op."""
+    try:
+        return fn(*ins, **kw)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):  # Python >= 3.11
+            exc.add_note(f"raised by extern '{op.fn}' (op '{op.id}')")
+        raise
+
+
 @register("extern", "torch")
 def _extern(op, bctx):
     fn = bctx.extern(op.fn)
@@ -137,7 +147,7 @@ def _extern(op, bctx):
 
         def run(ins, b, out):
             want = shape(b)
-            r = fn(*ins, out_shape=want, dtype=dt) if wants_shape else fn(*ins)
+            r = _call(op, fn, ins, out_shape=want, dtype=dt) if wants_shape else _call(op, fn, ins)
             _check_result(op, r, want, dt)
             return _into(out, r)
         return run
@@ -145,7 +155,7 @@ def _extern(op, bctx):
 
     def run_many(ins, b, out):
         wants = [s(b) for s in shapes]
-        r = fn(*ins, out_shapes=wants, dtypes=dts) if wants_shape else fn(*ins)
+        r = _call(op, fn, ins, out_shapes=wants, dtypes=dts) if wants_shape else _call(op, fn, ins)
         if not isinstance(r, (tuple, list)) or len(r) != n:
             got = f"{len(r)} results" if isinstance(r, (tuple, list)) else type(r).__name__
             raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}; the plan declares {n} results")

@@ -90,4 +90,14 @@ def _mul(op, bctx):
 @register("rope", "torch")
 def _rope(op, bctx):
     il = op.interleave
-    return lambda ins, b, out: rope_ref(ins[0], ins[1], ins[2], ins[3], il)
+    name = op.inputs()[2]
+
+    def run(ins, b, out):
+        pos, cache = ins[2], ins[3]
+        if pos.device.type == "cpu" and pos.numel():  # on a GPU this check would sync every call
+            lo, hi = int(pos.min()), int(pos.max())
+            if lo < 0 or hi >= cache.shape[0]:
+                raise IndexError(f"rope '{op.id}': positions '{name}' hold {lo}..{hi}, outside the cos/sin cache's"
+                                 f" rows 0..{cache.shape[0] - 1}")
+        return rope_ref(ins[0], ins[1], pos, cache, il)
+    return run

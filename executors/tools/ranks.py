@@ -17,6 +17,7 @@ import datetime
 import os
 import queue as _queue
 import re
+import signal
 import socket
 import time
 import traceback
@@ -111,11 +112,19 @@ def run_ranks(fn, world_size: int, *args, backend: str = "gloo", timeout_s: floa
             deadline = min(deadline, time.monotonic() + grace_s)  # the peers get a grace, not the full timeout
     for r, p in enumerate(procs):
         p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-        if p.is_alive():
+        killed = p.is_alive()
+        if killed:
             p.kill()  # only the processes started here, by their pid
             p.join(5)
         if r not in results and r not in errors:
-            if p.exitcode is None or p.exitcode < 0:
+            if p.exitcode is not None and p.exitcode < 0 and not killed:  # died of a signal by itself
+                try:
+                    sig = signal.Signals(-p.exitcode).name
+                except ValueError:
+                    sig = f"signal {-p.exitcode}"
+                errors[r] = ("Crashed", f"the process died of {sig} before reporting a result (a native library"
+                             " such as gloo, NCCL or CUDA aborted it; its stderr above says why)")
+            elif p.exitcode is None or p.exitcode < 0:
                 errors[r] = ("Timeout", f"no result within {timeout_s:.0f}s (killed, exit code {p.exitcode})")
             else:
                 errors[r] = ("Exited", f"the process exited with code {p.exitcode} before reporting a result")
