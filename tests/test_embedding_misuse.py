@@ -150,7 +150,6 @@ def test_build_arguments_of_the_wrong_kind(tmp_path):
         (dict(weights={"wn": wn}, device="meta"), "executors run on cpu or cuda"),
         (dict(weights={"wn": wn}, backend_prefs=["nonsense"]), "backend_prefs= names \\['nonsense'\\]"),
         (dict(weights={"wn": wn}, backend_prefs="torch"), "must be a list of backend names"),
-        (dict(weights={"wn": wn}, externs={"rmsnorm": lambda x: x}), "never calls"),
     ]
     if not torch.cuda.is_available():
         cases.append((dict(weights={"wn": wn}, device="cuda"), "CUDA is not available here"))
@@ -176,8 +175,7 @@ def test_extern_bindings_and_errors(tmp_path):
     cp = compile_for_run(load_plan(write(tmp_path, EXTERN)))
     with pytest.raises(BuildError, match="must be callable"):
         build_executor(cp, {}, externs={"model_fn": 3})
-    with pytest.raises(BuildError, match="did you mean 'model_fn'"):
-        build_executor(cp, {}, externs={"model_fn": torch.neg, "model_fm": torch.neg})
+    assert build_executor(cp, {}, externs={"model_fn": torch.neg, "other": torch.neg})  # a registry of model code
 
     def boom(x):
         raise ZeroDivisionError("model code blew up")
