@@ -373,11 +373,11 @@ def dims_arg(ex, dims, sym: bool = False) -> dict | None:
     for d, v in dims.items():
         if v is None:
             continue
-        if sym and isinstance(v, torch.SymInt):
+        if isinstance(v, (bool, float, str, bytes, list, tuple, dict)):
+            raise InputError(f"plan '{name}': dims['{d}'] must be an int, got {type(v).__name__} {v!r:.40}")
+        if sym:  # a SymInt under Dynamo: taken as is (operator.index would specialize it)
             out[d] = v
             continue
-        if isinstance(v, bool) or isinstance(v, float):
-            raise InputError(f"plan '{name}': dims['{d}'] must be an int, got {type(v).__name__} {v!r}")
         try:
             out[d] = operator.index(v)
         except TypeError:
