@@ -271,7 +271,7 @@ def register_ops(ex):
         env = e._run(inputs, dims, keep=spec.roots)
         # a returned buffer must not be an input's or a weight's memory (a view op or model code
         # can hand one back): the op's schema promises fresh tensors
-        held = {storage_key(t) for t in [*inputs.values(), *e._weights.values()] if t.numel()}
+        held = {storage_key(t) for t in inputs.values() if t.numel()} | e._weight_storage.keys()
         outs = []
         for i, r in enumerate(spec.roots):
             t = env.get(r)
@@ -429,9 +429,9 @@ def check_out(ex, out, b: dict, inputs: dict):
             raise InputError(f"plan '{ex.plan.name}': out['{o}'] must be {spec.out_dtype[o]}{list(shape)} on"
                              f" {ex.device}; got {got}")
     others = [(f"out['{o}']", out[o]) for o in spec.outputs] + [(f"input '{n}'", t) for n, t in inputs.items()]
-    others += [(f"weight '{n}'", t) for n, t in ex._weights.items()]
     for i, o in enumerate(spec.outputs):
-        for what, t in others[i + 1:]:
+        same = ex._weight_storage.get(storage_key(out[o]), ()) if out[o].numel() else ()  # usually none
+        for what, t in others[i + 1:] + [(f"weight '{n}'", ex._weights[n]) for n in same]:
             if isinstance(t, torch.Tensor) and overlaps(out[o], t):
                 raise InputError(f"plan '{ex.plan.name}': out['{o}'] shares memory with {what}; give each output"
                                  " its own memory, apart from the inputs and weights")

@@ -27,6 +27,7 @@ from .dims import DimError, shape_fn
 from .dtypes import torch_dtype
 from .errors import InputError
 from .gating import GateTensors, is_capturing
+from .overlap import storage_key
 from .streams import MAIN, side_stream
 
 __all__ = ["Executor", "Step"]
@@ -54,6 +55,11 @@ class Executor:
         self._comms = comms
         self.device = device
         self._weights = weights
+        # {storage: [weight names]}: load_weights writes in place, so these addresses stay
+        self._weight_storage: dict[tuple, list[str]] = {}
+        for n, t in weights.items():
+            if t.numel():
+                self._weight_storage.setdefault(storage_key(t), []).append(n)
         self.tuned = tuned
         self._events = events
         self._exit_waits = exit_waits
@@ -119,7 +125,7 @@ class Executor:
             # and gates run inside it at run time, the fake kernel gives the traced shapes
             return compiled_call(self, inputs, dims, out)
         dims = dims_arg(self, dims)
-        b = self.check_inputs(inputs, dims)
+        b = self._check_inputs(inputs, dims)
         if out is not None:
             check_out(self, out, b, inputs)
             return write_outputs(self, self._run(inputs, dims, _facts), out)
@@ -129,6 +135,10 @@ class Executor:
         """Check a call's inputs against the plan (names, types, dtypes, devices, ranks, declared
         contiguity, sizes in the declared dims); returns the dim bindings. Raises InputError naming
         the input and what the plan expects; nothing has run and the executor stays usable."""
+        return self._check_inputs(inputs, dims_arg(self, dims))
+
+    def _check_inputs(self, inputs: dict, dims: dict | None) -> dict:
+        """check_inputs with dims= already checked by dims_arg."""
         checks = self._checks
         if len(inputs) != len(checks) or any(n not in inputs for n in checks):
             missing = [n for n in checks if n not in inputs]
@@ -140,10 +150,6 @@ class Executor:
                 raise InputError(f"plan '{self.plan.name}': input '{name}' must be a tensor {what}, got {type(t).__name__}")
             if t.dtype != dt or t.device != dev or t.dim() != nd or (contig and not t.is_contiguous()):
                 raise InputError(f"plan '{self.plan.name}': input '{name}' must be {what}; got {describe(t)}")
-        if dims:
-            bad = [d for d in dims if d not in self.plan.dims]
-            if bad:
-                raise InputError(f"plan '{self.plan.name}': dims= names {bad} but the plan's dims are {sorted(self.plan.dims)}")
         try:
             return self._solver.solve(inputs, dims)
         except DimError as exc:

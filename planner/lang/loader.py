@@ -78,12 +78,6 @@ def _among(v, choices) -> bool:
     return any(v == c and type(v) is type(c) for c in choices)
 
 
-def _literal_choice(v: str, spec: dict, decls: dict) -> bool:
-    """An unquoted string value that is one of the param's string choices (and names no param)
-    is that string, as it is in the choices: `{value: fast, choices: [fast, slow]}`."""
-    return v not in decls and any(isinstance(c, str) and c == v for c in spec.get("choices") or ())
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -131,8 +125,10 @@ def _eval_params(decls: dict, overrides: dict) -> dict:
         meta[name] = (spec, src, path)
         v = overrides.get(name, spec["value"])
         vpath = path + ("value",) if isinstance(raw, dict) else path
-        if isinstance(v, str) and name not in overrides and not _literal_choice(v, spec, decls):
-            strs = [c for c in spec.get("choices") or () if isinstance(c, str)]
+        # an unquoted string that is one of the string choices (and names no param) is that string,
+        # as it is in the choices: `{value: fast, choices: [fast, slow]}`
+        strs = [c for c in spec.get("choices") or () if isinstance(c, str)]
+        if isinstance(v, str) and name not in overrides and not (v in strs and v not in decls):
             if strs and IDENT.fullmatch(v) and v not in decls and v not in DTYPES and v not in DTYPE_ALIASES:
                 raise PlanError.at(src.value_loc(vpath), "param", f"param '{name}' = {v!r:.60} (value) is not one"
                                    f" of {spec['choices']!r:.200}", did_you_mean(v, strs))
