@@ -57,7 +57,9 @@ def _plan_args(p) -> None:
 def _compile_args(p) -> None:
     p.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help=f"skip a pass ({', '.join(PASS_NAMES)})")
-    p.add_argument("--streams", type=int, default=2, help="stream pool size: main + N-1 shared aux (default 2)")
+    p.add_argument("--streams", type=int, default=None,
+                   help="stream bound: main + N-1 shared aux; pins beyond it fold onto main (default: the plan's"
+                        " streams: list, or main + aux and every aux<N> the plan pins)")
     p.add_argument("--bucket-cap-mb", type=float, default=512.0, help="byte cap of one fused collective (default 512)")
     p.add_argument("--packing", choices=["auto", "cat", "inplace"], default="auto",
                    help="fused-collective packing: zero-copy where producers allow (auto), always cat, or prefer in place")
@@ -104,6 +106,8 @@ def _add_viz(sub) -> None:
     p.add_argument("--after", metavar="PASS", help="stop the pipeline after this pass")
     p.add_argument("--disable", action="append", metavar="PASS", help="disable a pass (repeatable)")
     p.add_argument("--expand", action="store_true", help="draw every repeated layer instead of one with a count")
+    p.add_argument("--streams", type=int, default=None, metavar="N",
+                   help="stream bound, as compile's --streams (default: the plan's streams)")
     p.add_argument("--lanes", choices=["inner", "outer"], default="inner",
                    help="inner: stream lanes inside each region/variant box (default); outer: one column per stream")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds Graphviz may take (default 120)")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import CompileConfig
+from .config import MAX_STREAMS, CompileConfig
 from .cost import DeviceProfile
 from .errors import PlanError
 from .lang.loader import load_plan, parse_overrides
@@ -24,7 +24,6 @@ from .tuning import (
 __all__ = ["cmd_validate", "cmd_compile", "config_from_args", "tuned_config", "verify_failure"]
 
 
-MAX_STREAMS = 64  # CUDA streams a plan may spread over (a GPU runs 128 queues at most)
 
 def verify_failure(exc) -> str:
     """The one message of a plan the planner compiled but cannot prove right (exit 1)."""
@@ -74,7 +73,7 @@ def config_from_args(args, plan=None) -> CompileConfig:
     else:
         tuning, source = read_tuning(getattr(args, "tuning", None)), getattr(args, "tuning", None) or "none"
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
-    if not 1 <= args.streams <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
+    if args.streams is not None and not 1 <= args.streams <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
         raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {args.streams}")
     if not (args.min_gain_us >= 0 and args.min_gain_us != float("inf")):  # NaN fails the first test
         raise PlanError.at(None, "schema", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
@@ -104,9 +103,7 @@ def cmd_validate(args) -> int:
         print(verify_failure(exc), file=sys.stderr)
         return 1
     dt = time.perf_counter() - t0
-    warnings = _dead_variants(cp, cfg)
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    warnings = plan_warnings(cp, cfg)
     if args.emit == "json":
         print(json.dumps({"ok": True, "plan": plan.name, "ops": counts["ops"], "regions": counts["regions"],
                           "planned": True, "warnings": warnings}))
@@ -114,6 +111,18 @@ def cmd_validate(args) -> int:
         print(f"{plan.file}: ok: plan '{plan.name}', {counts['ops']} ops, {counts['regions']} gated regions,"
               f" {counts['inputs']} inputs, {counts['weights']} weights; planned and verified ({dt * 1000:.0f} ms)")
     return 0
+
+
+def plan_warnings(cp, cfg, stream=sys.stderr) -> list[str]:
+    """What a compiled plan runs differently from what it says, one line each, also written to
+    `stream` as "warning: ...": pins folded onto main by a --streams bound, and variants that
+    never run."""
+    out = [f"{f['loc']}: {f['text']}" if f["loc"] else f["text"]
+           for f in cp.report.get("assign-streams:folded", [])]
+    out += _dead_variants(cp, cfg)
+    for w in out:
+        print(f"warning: {w}", file=stream)
+    return out
 
 
 def _dead_variants(cp, cfg) -> list[str]:
@@ -127,7 +136,7 @@ def _dead_variants(cp, cfg) -> list[str]:
             why = never.get((rids[0], v.name))
             if why:
                 loc = v.loc
-                where = f"{loc.file}:{loc.line}: " if loc is not None and loc.line else ""
+                where = f"{loc}: " if loc is not None and loc.line else ""
                 lim = sorted({n[6:] for n in re.findall(r"tuned\.\w+", v.when_src or "")})
                 limits = (f" (tuned limits {', '.join(f'{n}={tuned.get(n)}' for n in lim)} from"
                           f" {cfg.tuning_source or 'the plan'})") if lim else ""
@@ -149,6 +158,7 @@ def cmd_compile(args) -> int:
     for name, text in cfg.dumps:
         print(f"===== after {name} =====", file=sys.stderr)
         print(text, file=sys.stderr)
+    plan_warnings(cp, cfg)
     text = dumps_json(cp, cfg) + "\n" if args.emit == "json" else to_text(
         cp, cfg, color=None if not args.output else False, full=args.full)
     if args.output:

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from .cost import DeviceProfile
 
-__all__ = ["CompileConfig"]
+__all__ = ["CompileConfig", "MAX_STREAMS"]
+
+MAX_STREAMS = 64  # CUDA streams a plan may spread over (a GPU runs 128 queues at most)
 
 
 @dataclass
@@ -15,7 +17,7 @@ class CompileConfig:
     stop_after: str | None = None        # stop the pipeline after this pass (for --after / --dump-after)
     dump_after: set = field(default_factory=set)
     verify_each: bool = False
-    num_streams: int = 2                 # main + one shared aux stream
+    num_streams: int | None = None       # None: the plan's (its streams: list, or main + aux and any aux<N> it pins)
     bucket_cap_mb: float = 512.0         # max bytes of one fused collective at the dims' maximum
     packing: str = "auto"                # auto | cat | inplace
     min_gain_us: float = 1.0             # a fork/join must save at least this much

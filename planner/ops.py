@@ -277,6 +277,9 @@ class Add(OpBase):
             ctx.fail(f"shape mismatch: '{self.a}' is {fmt_shape(a.shape)} but '{self.b}' is {fmt_shape(b.shape)}", "b")
         if a.dtype != b.dtype:
             ctx.fail(f"dtype mismatch: '{self.a}' is {a.dtype} but '{self.b}' is {b.dtype}", "b")
+        if a.dtype in FP8_DTYPES:  # an fp8 sum has no scale to land in; add in bf16, quantize after
+            ctx.fail(f"add of {a.dtype} operands: fp8 values carry scales an elementwise add cannot"
+                     f" combine; add them in bf16/fp32 and quantize the sum", "a")
         return [_out(self, ctx, a.shape, a.dtype)]
 
 

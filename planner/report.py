@@ -158,6 +158,7 @@ def to_json(cp: Compiled, cfg) -> dict:
         "dce": cp.report.get("dce"),
         "stream_decisions": cp.report.get("assign-streams"),
         "stream_scopes": cp.report.get("assign-streams:scopes"),  # per scope and bucket
+        "stream_folds": cp.report.get("assign-streams:folded", []),  # pins a --streams bound put on main
         "bucket_plans": bucket_plans_json(cp),  # per-range stream plans; [] when one assignment serves all
         "externs_without_cost": _uncosted(cp),
         "critical_path": critical_paths(cp, cfg) if cp.schedule else [],

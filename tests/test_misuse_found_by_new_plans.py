@@ -79,6 +79,17 @@ def test_fp8_reductions_are_refused(tmp_path, op):
     assert "cannot reduce fp8" in e.message and e.loc.line == 22, (e.message, e.loc)
 
 
+@pytest.mark.parametrize("b", ["xq", "yq"])
+def test_fp8_add_is_refused_where_mul_and_norms_are(tmp_path, b):
+    body = (f"outputs: [y]\nops:\n  - xq, xs: quantize(x, fp8_e4m3, block=[1, 128])\n"
+            f"  - yq, ys: quantize(x, fp8_e4m3, block=[1, 128])\n  - y: add(xq, {b})\n")
+    e = _err(tmp_path, body)
+    assert e.code == "shape" and "add of fp8_e4m3 operands" in e.message, e.message
+    assert e.loc.line == 23, e.loc
+    plan = load(tmp_path, body.replace(f"add(xq, {b})", "add(x, x)"), H)  # bf16 add still fine
+    assert plan.tensors["y"].dtype == "bf16"
+
+
 def test_fp8_all_gather_runs_as_bytes(tmp_path, capsys):
     body = "outputs: [ag, s]\nops:\n  - xq, xs: quantize(x, fp8_e4m3, block=[1, 128])\n" \
            "  - ag: all_gather(xq, tp)\n  - s: all_gather(xs, tp)\n"

@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 
-from planner.commands import config_from_args
+from planner.commands import config_from_args, plan_warnings
 from planner.errors import PlanError
 from planner.pipeline import compile_plan
 
@@ -186,6 +186,7 @@ def cmd_run(args) -> int:
     # tuning-file errors (unknown key, a limit the plan does not declare) exit 2 here, naming the file
     cfg = config_from_args(argparse.Namespace(**ns), plan)
     cp = compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
+    plan_warnings(cp, cfg)
     from ..resources import check_run
     check_run(cp, bindings, args.device, world, args.check)  # a 52 TB input exits 2 here, not in an allocator
     body = (args.plan, overrides, ns, args.device, args.check, dims, args.seed)

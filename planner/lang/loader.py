@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from ..config import MAX_STREAMS
 from ..errors import Diagnostic, Loc, PlanError, did_you_mean
 from ..expr import ExprError, budget, evaluate, fold, free_names, parse, unparse
 from ..infer import TUNED_IN_DIM, check_inplace, infer_all
@@ -32,7 +33,7 @@ from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
 
-_POOL = re.compile(r"^(main|aux\d*)$")  # the planner's pool names, usable without a 'streams:' list
+_POOL = re.compile(r"^(main|aux([1-9]\d*)?)$")  # the planner's pool names, usable without a 'streams:' list
 _FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
@@ -458,6 +459,10 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
                                f"stream '{model.stream}' is not declared (streams: {', '.join(known)})",
                                "declare it in the plan's 'streams:' list" if root.streams is not None
                                else "add 'streams: [main, ...]' to the plan to use other names")
+        if root.streams is None and model.stream and model.stream[3:].isdigit() and int(model.stream[3:]) >= MAX_STREAMS:
+            raise PlanError.at(raw.field_locs.get("stream", raw.loc), "stream",
+                               f"stream '{model.stream}' is beyond the pool: a plan may use {MAX_STREAMS} streams"
+                               f" (main, aux1..aux{MAX_STREAMS - 1})")
         if model.id in seen_ids:
             raise PlanError.at(raw.loc, "dup", f"op id '{model.id}' is used twice (first at {seen_ids[model.id]})")
         seen_ids[model.id] = raw.loc
@@ -504,6 +509,8 @@ def _streams(root, src) -> list[str]:
             raise PlanError.at(loc, "stream", f"stream name {name!r} is not an identifier (e.g. main, aux, comm)")
         if name in out:
             raise PlanError.at(loc, "dup", f"stream '{name}' is declared twice")
+        if len(out) == MAX_STREAMS:
+            raise PlanError.at(loc, "stream", f"a plan may declare {MAX_STREAMS} streams at most (main included)")
         out.append(name)
     if not out or out[0] != "main":
         raise PlanError.at(src.loc(("streams",)), "stream", "'streams' must list main (the caller's stream) first")

@@ -5,8 +5,9 @@ scope, what was decided and the scheduled estimate it rests on.
 
 Streams are declared: the plan's `streams:` list (main first), or main plus the
 planner's pool (main + num_streams-1 aux streams shared by every layer: never a stream
-per layer). `--streams N` bounds all of them: pins to a stream beyond the first N are
-folded onto main, and the report lists each fold with its location.
+per layer), as many as the plan pins (aux3: four streams) and at least two. `--streams N`
+bounds all of them: pins to a stream beyond the first N are folded onto main, the report
+lists each fold with its location, and the CLI warns of it.
 
 Pins constrain, they do not disable: a pinned op is fixed, and the rest of its scope is
 still planned and checked. Collectives stay on main unless pinned (one communicator is
@@ -54,6 +55,15 @@ LARGE_SCOPE = 2000        # above this many ops, rate the largest bucket only (c
 BUCKET_PLAN_GAIN = 0.01   # a bucket gets its own assignment where it beats the single choice by 1 %
 
 
+def plan_streams(plan) -> int:
+    """How many streams a plan asks for when no bound is given: its `streams:` list, or main + aux
+    and every pool stream aux<N> it pins (a pin to aux3 asks for main, aux1, aux2, aux3)."""
+    if plan.streams:
+        return len(plan.streams)
+    pinned = [int(op.stream[3:]) for op in plan.ops if op.stream and op.stream[3:].isdigit()]
+    return max(2, 1 + max(pinned, default=1))
+
+
 def pool(n: int) -> list[str]:
     return ["main"] + (["aux"] if n == 2 else [f"aux{i}" for i in range(1, n)])
 
@@ -69,7 +79,7 @@ def stays_on_main(op) -> bool:
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     g = cp.graph
-    n = max(1, cfg.num_streams)
+    n = plan_streams(cp.plan) if cfg.num_streams is None else max(1, cfg.num_streams)
     declared = cp.plan.streams
     streams = list(declared[:n]) if declared else pool(n)
     pinned, folded, folded_ids = {}, [], set()
@@ -85,8 +95,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             pinned[v] = "main"
             folded_ids.add(v)
             loc = cp.plan.locs.get(v)
-            folded.append(f"{v} pinned to {written} -> main (--streams {n} allows {', '.join(streams)})"
-                          + (f" at {loc}" if loc else ""))
+            folded.append({"text": f"{v} pinned to {written} -> main (--streams {n} allows {', '.join(streams)})",
+                           "loc": str(loc) if loc else ""})
     cp.streams = streams
     model = CostModel(cfg.profile, cp.plan.groups)
     tuned = {**cp.plan.tuned, **cfg.tuned}
@@ -148,7 +158,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                                    for ctx, info in decisions.items()]
     cp.report[NAME + ":measured_used"] = len(model.hits)  # tuning times the planner looked up
     if folded:
-        cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(folded)})
+        cp.report[NAME].append({"scopes": ["(pins)"], "decision": "pins folded: " + "; ".join(
+            f["text"] + (f" at {f['loc']}" if f["loc"] else "") for f in folded)})
+    cp.report[NAME + ":folded"] = folded
     return cp, changed
 
 

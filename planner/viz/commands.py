@@ -23,13 +23,19 @@ def _note(msg: str) -> None:
     print(f"planner: {msg}", file=sys.stderr)
 
 
-def compile_for_viz(plan, after: str | None = None, disable: list[str] | None = None):
-    """The compiled plan through the pipeline (stopping after `after`)."""
-    from ..commands import tuned_config
+def compile_for_viz(plan, after: str | None = None, disable: list[str] | None = None, streams: int | None = None):
+    """The compiled plan through the pipeline (stopping after `after`), over at most `streams`
+    streams (None: the plan's)."""
+    from ..commands import plan_warnings, tuned_config
+    from ..config import MAX_STREAMS
     from ..pipeline import compile_plan
+    if streams is not None and not 1 <= streams <= MAX_STREAMS:
+        raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {streams}")
     # the configuration `planner compile` uses (shipped tuning included), so both show one plan
-    cfg = tuned_config(plan, disable_passes=set(disable or ()), stop_after=after)
+    cfg = tuned_config(plan, disable_passes=set(disable or ()), stop_after=after, num_streams=streams)
     cp = compile_plan(plan, cfg)
+    if after is None:
+        plan_warnings(cp, cfg)
     for p in cp.bucket_plans:
         if p.get("cp") is not None:
             _note(f"{p['dim']} {p['lo']}..{p['hi']} runs a stream plan of its own, not drawn here"
@@ -59,7 +65,7 @@ def cmd_viz(args) -> int:
     out = Path(args.output) if args.output else None
     fmt = _fmt_of(out, args.format)
     plan = load_plan(args.plan, parse_overrides(args.overrides))
-    cp, stage = compile_for_viz(plan, args.after, args.disable)
+    cp, stage = compile_for_viz(plan, args.after, args.disable, args.streams)
     t0 = time.perf_counter()
     dot_text, stats = to_dot(cp, VizOptions(variant=args.variant, expand=args.expand, title=stage, lanes=args.lanes))
     summary = (f"{stats.ops} ops drawn as {stats.nodes} nodes"
