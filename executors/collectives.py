@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Comm", "bind_groups", "plan_description", "plan_hash", "first_difference", "agree_on_plan",
-           "PlanMismatch", "GroupError"]
+           "PlanMismatch", "GroupError", "check_shared_groups"]
 
 
 class PlanMismatch(RuntimeError):
@@ -124,6 +124,35 @@ def bind_groups(plan_groups: dict[str, int], group) -> dict[str, Comm]:
         out[name] = Comm(name, pg, actual, dist.get_rank(pg))
         out[name].expected = size
     return out
+
+
+def check_shared_groups(cp, comms: dict[str, Comm]) -> None:
+    """Plan groups bound to one process group are one communicator: the planner keeps each group's
+    collectives on one stream, and this holds the same across the names that share a group."""
+    from planner.ops import COLLECTIVES
+    by_pg: dict[int, list[str]] = {}
+    for name, c in comms.items():
+        if c.pg is not None and c.size > 1:
+            by_pg.setdefault(id(c.pg), []).append(name)
+    shared = {n: names for names in by_pg.values() if len(names) > 1 for n in names}
+    if not shared:
+        return
+    plans = [cp] + [p["cp"] for p in cp.bucket_plans if p.get("cp") is not None]
+    for one in plans:
+        first: dict[tuple, tuple] = {}
+        for v in one.schedule:
+            op = one.graph.nodes[v]["op"]
+            if op.op not in COLLECTIVES or op.group not in shared:
+                continue
+            key, s = tuple(shared[op.group]), one.graph.nodes[v]["stream"]
+            u, su, gu = first.setdefault(key, (v, s, op.group))
+            if su != s:
+                raise GroupError(
+                    f"plan groups {' and '.join(repr(n) for n in key)} are bound to one process group, and their"
+                    f" collectives run on two streams ({u} over '{gu}' on {su}, {v} over '{op.group}' on {s}):"
+                    " one communicator driven from two streams can run them in different orders on different"
+                    " ranks and hang; bind each plan group to its own process group (group={name: pg}),"
+                    " or pin these collectives to one stream")
 
 
 def check_group_sizes(comms: dict[str, Comm]) -> None:

@@ -18,7 +18,13 @@ from planner.verify import verify
 
 from .backends import backend_names, lookup
 from .backends.allreduce_norm import tuned_allreduce_norm
-from .collectives import agree_on_plan, bind_groups, check_group_sizes, plan_description
+from .collectives import (
+    agree_on_plan,
+    bind_groups,
+    check_group_sizes,
+    check_shared_groups,
+    plan_description,
+)
 from .custom_op import register_ops
 from .dims import DimSolver, dim_fn
 from .dtypes import torch_dtype
@@ -190,6 +196,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if tuning_error is not None:
         raise tuning_error
     check_group_sizes(comms)
+    check_shared_groups(cp, comms)
     externs = _check_externs(cp, externs, sorted({g.nodes[v]["op"].fn for v in cp.schedule
                                                   if g.nodes[v]["op"].op == "extern"}))
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}

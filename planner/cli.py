@@ -128,7 +128,8 @@ def _add_run(sub) -> None:
     _plan_args(p)
     _compile_args(p)
     p.add_argument("--world-size", type=int, default=None, metavar="N",
-                   help="number of ranks (default: the size of the plan's process groups, or 1)")
+                   help="number of ranks (default: the smallest number every plan group's size divides, or 1);"
+                        " each plan group gets process groups of its own: all ranks, or blocks of its size")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="gloo on cpu, NCCL on cuda")
     p.add_argument("--check", action="store_true", help="compare every output with the unfused reference")
     p.add_argument("--num-tokens", type=int, default=None, metavar="T", help="value of the num_tokens dim")

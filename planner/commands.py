@@ -113,7 +113,7 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def plan_warnings(cp, cfg, stream=sys.stderr) -> list[str]:
+def plan_warnings(cp, cfg, stream=None) -> list[str]:
     """What a compiled plan runs differently from what it says, one line each, also written to
     `stream` as "warning: ...": pins folded onto main by a --streams bound, and variants that
     never run."""
@@ -121,7 +121,7 @@ def plan_warnings(cp, cfg, stream=sys.stderr) -> list[str]:
            for f in cp.report.get("assign-streams:folded", [])]
     out += _dead_variants(cp, cfg)
     for w in out:
-        print(f"warning: {w}", file=stream)
+        print(f"warning: {w}", file=stream or sys.stderr)
     return out
 
 

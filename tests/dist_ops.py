@@ -51,3 +51,46 @@ def a2a_and_avg(rank, world, num_tokens):
         "rs_avg": bool(torch.allclose(outs["rs_avg"], want_avg.chunk(world, 1)[rank], atol=1e-6)),
     }
     return rep
+
+
+MIXED = """
+plan: mixed
+params: {hidden: 16, tp_size: 4, ep_size: 2}
+dims: {num_tokens: 1..8}
+groups: {tp: tp_size, ep: ep_size}
+inputs:
+  x: fp32[num_tokens, hidden]
+outputs: [a, b]
+ops:
+  - a: all_gather(x, tp)
+  - b: all_reduce(x, ep, stream=aux)
+"""
+
+
+def mixed_groups(rank, world, num_tokens):
+    """planner run's groups (run_groups) for a plan whose groups differ in size: the gather spans
+    every rank, the reduce this rank's block of 2; and the same plan with both plan groups bound
+    to the default group is refused (collectives of one process group on two streams)."""
+    import torch
+
+    from executors.collectives import GroupError
+    from executors.lowering import build_executor
+    from executors.tools.check import compile_for_run, make_data
+    from executors.tools.commands import run_groups
+    from planner.lang.loader import load_plan
+    load = lambda: load_plan("mixed.yaml", text=MIXED)  # noqa: E731
+    plan = load()
+    b = {"num_tokens": num_tokens}
+    every = [make_data(plan, b, 5, r, "cpu")[0]["x"] for r in range(world)]
+    ex = build_executor(compile_for_run(load()), {}, device="cpu", group=run_groups(plan.groups, world))
+    outs = ex(dims=b, x=every[rank])
+    block = rank // 2 * 2
+    got = {"a": bool(torch.equal(outs["a"], torch.cat(every, 0))),
+           "b": bool(torch.allclose(outs["b"], every[block] + every[block + 1], atol=1e-6))}
+    try:
+        same = load_plan("same.yaml", text=MIXED.replace("ep_size: 2", "ep_size: 4"))
+        build_executor(compile_for_run(same), {}, device="cpu")  # both plan groups on the default group
+        got["shared"] = "built"
+    except GroupError as exc:
+        got["shared"] = str(exc)
+    return got

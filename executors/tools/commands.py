@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import traceback
 
 from planner.commands import config_from_args, plan_warnings
+
+MAX_LOCAL_RANKS = 64  # processes planner run starts on one machine (each imports torch)
 from planner.errors import PlanError
 from planner.pipeline import compile_plan
 
@@ -42,13 +45,30 @@ def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     # the executor's tuning: --tuning's limits; without it build_executor matches this device's
     # shipped tuning itself (backends and limits; none on a CPU)
     tuning = dict(cfg.tuned) if ns.get("tuning") and cfg.tuned else None
+    groups = run_groups(load_plan(path, overrides).groups, world)
     report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
-                       compare=check, config=cfg, tuning=tuning)
+                       compare=check, config=cfg, tuning=tuning, group=groups)
     if ns.get("timeline"):
-        tl = _timeline(load_plan(path, overrides), cfg, dev, dims, seed, tuning, ns, rank)
+        tl = _timeline(load_plan(path, overrides), cfg, dev, dims, seed, tuning, ns, rank, groups)
         if tl is not None:
             report["timeline"] = tl
     return report
+
+
+def run_groups(plan_groups: dict[str, int], world: int) -> dict | None:
+    """A process group of its own for each plan group over `world` ranks, as an engine binds
+    them: size == world, all ranks; a smaller size, rank-contiguous blocks of that size (this
+    rank's block); size 1, none. Every rank creates them in the plan's order. None: one rank."""
+    if world == 1:
+        return None
+    import torch.distributed as dist
+    out = {}
+    for name, size in plan_groups.items():
+        if size == world:
+            out[name] = dist.new_group(list(range(world)))
+        elif size > 1:
+            out[name], _ = dist.new_subgroups(group_size=size)
+    return out
 
 
 def _dim_args(args) -> dict:
@@ -103,7 +123,7 @@ def _replay_records(ex, inputs: dict, b: dict, replays: int = 3) -> list[dict]:
     return records(trace)
 
 
-def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0) -> dict | None:
+def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0, groups=None) -> dict | None:
     """One traced call after a warm-up (every rank runs it: collectives need all); rank 0 draws."""
     import json as _json
 
@@ -113,7 +133,8 @@ def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0) -> dict | N
     b = pick_dims(plan, None, seed, dims)
     inputs, weights = make_data(plan, b, seed, rank, dev)
     cp = compile_for_run(plan, cfg)
-    ex = build_executor(cp, weights, device=dev, externs=default_externs(plan), tuning=tuning, agree=False)
+    ex = build_executor(cp, weights, group=groups, device=dev, externs=default_externs(plan), tuning=tuning,
+                        agree=False)
     cuda = str(dev).startswith("cuda")
     if cuda:
         recs = _replay_records(ex, inputs, b)  # what the GPU did inside graph replays
@@ -161,16 +182,25 @@ def cmd_run(args) -> int:
     overrides = parse_overrides(args.overrides)
     plan = load_plan(args.plan, overrides)
     sizes = sorted({s for s in plan.groups.values() if s > 1})
-    world = args.world_size or (sizes[0] if len(sizes) == 1 else 1)
+    world = args.world_size or math.lcm(*sizes, 1)  # every group size divides it: the smallest such world
     if world < 1:
         raise PlanError.at(None, "param", "--world-size must be at least 1")
+    if world > MAX_LOCAL_RANKS:
+        what = "--world-size" if args.world_size else "the smallest world the group sizes " + ", ".join(map(str, sizes)) + " divide"
+        raise PlanError.at(None, "param", f"{world} ranks ({what}) is more than planner run starts on one machine"
+                           f" ({MAX_LOCAL_RANKS})")
     for name, size in plan.groups.items():
-        if size not in (1, world):
+        if world % size:
             same = [p for p, v in plan.params.items() if v == size and type(v) is int]
-            how = (f"e.g. --set {same[0]}={world}" if len(same) == 1 else
-                   f"one of {', '.join(same)}" if same else "--set the param its size is made of")
-            raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
-                               f" (set the plan's size with --set, {how})")
+            to = world if size > world else "N"
+            how = (f"--set {same[0]}={to}" if len(same) == 1 else f"--set one of {', '.join(same)}" if same
+                   else "--set the param its size is made of")
+            if size > world:
+                raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
+                                   f" (run with {size} ranks, or {how})")
+            raise PlanError.at(None, "param", f"plan group '{name}' has size {size}, which does not divide"
+                               f" --world-size {world}: each rank must sit in one block of {size} ranks"
+                               f" (run with a multiple of {size} ranks, or {how})")
     dims = _dim_args(args)
     if getattr(args, "timeline", None):  # can it be written: before the run, not after it
         existed = os.path.exists(args.timeline)
