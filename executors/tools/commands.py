@@ -18,10 +18,10 @@ import sys
 import traceback
 
 from planner.commands import config_from_args, plan_warnings
-
-MAX_LOCAL_RANKS = 64  # processes planner run starts on one machine (each imports torch)
 from planner.errors import PlanError
 from planner.pipeline import compile_plan
+
+MAX_LOCAL_RANKS = 64  # processes planner run starts on one machine (each imports torch)
 
 __all__ = ["cmd_run", "cmd_tune", "cmd_bench"]
 
