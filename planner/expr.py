@@ -174,10 +174,12 @@ def tokenize(text: str) -> list[Tok]:
     toks, i = [], 0
     while i < len(text):
         m = _TOKEN.match(text, i)
+        after_num = bool(toks) and toks[-1].kind == "num" and toks[-1].pos + len(toks[-1].text) == i
+        # 1.5 and 1e-6: a fraction or an exponent right after a number
+        if after_num and (not m and text[i] == "." or m and m.lastgroup == "name" and re.fullmatch(r"[eE]\d*", m.group())):
+            raise ExprError("numbers in plans are integers (no fractions or exponents); a fractional keyword"
+                            " value goes in quotes, e.g. cost_us='1.5' or eps='1e-6'", toks[-1].pos, "type")
         if not m:
-            if text[i] == "." and toks and toks[-1].kind == "num" and toks[-1].pos + len(toks[-1].text) == i:
-                raise ExprError("numbers in plans are integers (no fractions or exponents); a fractional keyword"
-                                " value goes in quotes, e.g. cost_us='1.5' or eps='1e-6'", toks[-1].pos, "type")
             raise ExprError(f"unexpected character {text[i]!r}", i)
         kind = m.lastgroup
         if kind != "ws":

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .expr import Bin, Call, Num
+from .expr import Bin, Call, Num, unparse
 from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim
 from .opbase import lift as _lift
 from .opbase import norm_dim as _norm_dim
@@ -61,6 +61,12 @@ class AllGather(OpBase):
         t = ctx.tensor(self.x, "x")
         size = ctx.group(self.group, "group")
         d = _norm_dim(ctx, t, self.dim)
+        if self.backend == "p2p":  # what the symmetric-memory gather can ever run (rows pushed whole)
+            if d != 0:
+                ctx.fail(f"backend=p2p gathers along dim 0 only (here dim {self.dim}); use backend=auto or torch",
+                         "backend")
+            if any(not isinstance(n, int) for n in t.shape[1:]):
+                ctx.fail(f"backend=p2p needs a static row size; '{self.x}' is {fmt_shape(t.shape)}", "backend")
         shape = list(t.shape)
         shape[d] = ctx.simplify(Bin("*", _lift(shape[d]), Num(size))) if not isinstance(shape[d], int) else shape[d] * size
         return [_out(self, ctx, shape, t.dtype)]
@@ -414,7 +420,8 @@ class Cat(OpBase):
 
 
 class Slice(OpBase):
-    """x[start:stop] along `dim` (a view)."""
+    """x[start:stop] along `dim` (a view). A negative constant bound counts from the end, as in
+    Python: x[:, -8:] is the last 8 columns."""
     op: Literal["slice"]
     x: str
     dim: int = 0
@@ -428,12 +435,26 @@ class Slice(OpBase):
         t = ctx.tensor(self.x, "x")
         d = _norm_dim(ctx, t, self.dim)
         n = t.shape[d]
-        start = ctx.dim(self.start, "start")
-        stop = n if self.stop is None else ctx.dim(self.stop, "stop")
+        start = written_start = ctx.dim(self.start, "start")
+        stop = written_stop = n if self.stop is None else ctx.dim(self.stop, "stop")
+        if isinstance(start, int) and start < 0:
+            start = n + start if isinstance(n, int) else ctx.simplify(Bin("-", _lift(n), Num(-start)))
+        if isinstance(stop, int) and stop < 0:
+            stop = n + stop if isinstance(n, int) else ctx.simplify(Bin("-", _lift(n), Num(-stop)))
         ok = ctx.probes.holds(lambda b: 0 <= ctx.at(start, b) <= ctx.at(stop, b) <= ctx.at(n, b))
         if not ok:
-            ctx.fail(f"slice [{fmt_dim(start)}:{fmt_dim(stop)}] is out of bounds for dim {d} of '{self.x}'"
-                     f" ({fmt_dim(n)})", "stop" if self.stop is not None else "start")
+            field = "start" if self.stop is None or not ctx.probes.holds(lambda b: 0 <= ctx.at(start, b) <= ctx.at(n, b)) else "stop"
+            counted = "" if (start, stop) == (written_start, written_stop) else \
+                f" (from the end: [{fmt_dim(start)}:{fmt_dim(stop)}])"
+            ctx.fail(f"slice [{fmt_dim(written_start)}:{fmt_dim(written_stop)}]{counted} is out of bounds for dim {d}"
+                     f" of '{self.x}' ({fmt_dim(n)}): the bounds must satisfy 0 <= start <= stop <= {fmt_dim(n)}"
+                     " at every size the dims allow", field)
+        # bounds counted from the end are stored as the bounds they are, so every reader of the op
+        # (lowering, the weight views, chain fusion) sees what runs
+        if start is not written_start:
+            self.start = start if isinstance(start, int) else unparse(start)
+        if stop is not written_stop:
+            self.stop = stop if isinstance(stop, int) else unparse(stop)
         length = ctx.simplify(Bin("-", _lift(stop), _lift(start)))
         shape = list(t.shape)
         shape[d] = length

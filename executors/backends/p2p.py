@@ -133,8 +133,12 @@ def hosts_of(global_ranks: list[int], per_host: int) -> list[int]:
 
 
 def p2p_placement(op, comm):
-    """None when every rank of the op's process group is on this host, else why not."""
+    """None when every rank of the op's process group is on this host, else why not. Without
+    GPUs and without torchrun's LOCAL_WORLD_SIZE the hosts are not known: no reason (the
+    device check refuses a CPU run)."""
     if comm.pg is None or comm.size == 1:
+        return None
+    if not os.environ.get("LOCAL_WORLD_SIZE") and not torch.cuda.is_available():
         return None
     import torch.distributed as dist
     ranks = dist.get_process_group_ranks(comm.pg)

@@ -94,13 +94,13 @@ def find(op, specs, device: str, prefs: tuple | list | None = None, comms: dict 
             tried.append(f"{b}: not registered for {kind}")
             continue
         try:
-            # where the group's ranks live first: it is the reason that holds on every device
+            # what the device and the op allow first, then where the group's ranks live; both
+            # reasons where both hold (a CPU run of a group that also spans hosts)
             group = getattr(op, "group", None)
-            reason = None
+            reasons = [impl.supports(op, specs, device)]
             if impl.placement is not None and comms and group in comms:
-                reason = impl.placement(op, comms[group])
-            if reason is None:
-                reason = impl.supports(op, specs, device)
+                reasons.append(impl.placement(op, comms[group]))
+            reason = "; ".join(r for r in reasons if r is not None) or None
         except Exception as exc:  # noqa: BLE001 - a failing checker means "cannot run"
             reason = f"capability check failed: {exc}"
         if reason is None:

@@ -24,6 +24,7 @@ from ..expr import (
     Slice,
     current_budget,
     evaluate,
+    free_names,
     parse,
     unparse,
 )
@@ -64,7 +65,6 @@ POSITIONAL = {
 }
 _INTERP = re.compile(r"\{([^{}]*)\}")
 _FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
-_FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
 @dataclass
@@ -138,8 +138,9 @@ class Entry:
 
 
 class Expander:
-    def __init__(self, params: dict, blocks: dict, op_kinds=USER_OPS):
+    def __init__(self, params: dict, blocks: dict, op_kinds=USER_OPS, dims=()):
         self.params = params
+        self.dims = set(dims)     # their names: a dim where a static integer is needed is said so
         self.blocks = blocks      # name -> (doc dict, Source, path)
         self.ops: list[RawOp] = []
         self.regions: list[RegionRaw] = []
@@ -415,12 +416,15 @@ class Expander:
             return [self.int_value(self.interp(x, env, loc), env, loc) if isinstance(x, str) else x for x in v]
         return v
 
-    @staticmethod
-    def int_ast(v, env, loc, why: str) -> int:
+    def int_ast(self, v, env, loc, why: str) -> int:
         """An argument's expression evaluated to an integer (why: the error when it is not one)."""
         try:
             r = evaluate(v, env)
         except ExprError as e:
+            dims = sorted(free_names(v) & self.dims) if e.code == "name" else []
+            if dims:
+                raise PlanError.at(loc.shift(e.pos), "type", f"{why}: '{dims[0]}' is a dim, known only at the call;"
+                                   " this argument is fixed when the plan is built (a literal or params)") from None
             raise PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint) from None
         if not isinstance(r, int) or isinstance(r, bool):
             raise PlanError.at(loc.shift(v.pos), "type", why)
@@ -428,12 +432,10 @@ class Expander:
 
     def int_value(self, text: str, env, loc) -> int:
         try:
-            v = evaluate(parse(text), env)
+            ast = parse(text)
         except ExprError as e:
             raise PlanError.at(loc.shift(e.pos), e.code, e.message, e.hint) from None
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise PlanError.at(loc, "type", f"'{text}' must be an integer")
-        return v
+        return self.int_ast(ast, env, loc, f"'{text}' must be an integer")
 
     def finish(self, kind, d, outs, scope: Scope, loc: Loc, flocs: dict):
         real = [scope.names.get(n, scope.prefix + n) if n != "_" else "_" for n in outs]

@@ -34,7 +34,7 @@ from .yamlsrc import Source
 __all__ = ["load_plan", "parse_overrides"]
 
 _POOL = re.compile(r"^(main|aux([1-9]\d*)?)$")  # the planner's pool names, usable without a 'streams:' list
-_FOR_KEY = re.compile(r"^(.*?)\s+for\s+([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
+_FOR_WORD = re.compile(r"\s+for\s+(?=[A-Za-z_]\w*\s+in\s)")
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -237,10 +237,12 @@ def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
                     buckets.append(b)
                 b *= 2
             buckets.append(hi)
-        elif not isinstance(buckets, list) or not buckets or not all(
-                _is_int(b) and lo <= b <= hi for b in buckets):
-            raise PlanError.at(src.loc(path + ("buckets",)), "param", f"buckets of '{name}' must be integers in {lo}..{hi}")
-        elif max(buckets) != hi:
+        elif not isinstance(buckets, list) or not buckets:
+            raise PlanError.at(src.loc(path + ("buckets",)), "param",
+                               f"buckets of '{name}' must be a non-empty list of sizes in {lo}..{hi}")
+        else:
+            buckets = _bucket_values(name, buckets, lo, hi, params, src, path + ("buckets",))
+        if max(buckets) != hi:
             # a bucket serves the sizes above the bucket before it: sizes past the last one would be
             # served by none (never rated, never captured)
             raise PlanError.at(src.loc(path + ("buckets",)), "param",
@@ -248,6 +250,28 @@ def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
                                f" sizes {max(buckets) + 1}..{hi} would have no bucket)",
                                f"add {hi} to the buckets, or end the range at {max(buckets)}")
         out[name] = DimSpec(name, lo, hi, sorted(set(buckets)))
+    return out
+
+
+def _bucket_values(name, items, lo, hi, params, src, path) -> list[int]:
+    """A dim's explicit buckets: integers, or expressions over params (2 * tp_size), each in lo..hi."""
+    out = []
+    for i, b in enumerate(items):
+        loc = src.value_loc(path + (i,))
+        if isinstance(b, str):
+            try:
+                b = evaluate(parse(b), params)
+            except ExprError as e:
+                raise _expr_error(e, loc) from None
+        if not _is_int(b):
+            shown = str(b).lower() if isinstance(b, bool) else repr(items[i])
+            raise PlanError.at(loc, "type", f"bucket {shown} of '{name}' is not an integer"
+                               + (f" (it is {b!r})" if b is not items[i] else "")
+                               + "; buckets are sizes, or expressions over params such as 2 * tp_size")
+        if not lo <= b <= hi:
+            raise PlanError.at(loc, "param", f"bucket {items[i]!r} of '{name}'"
+                               + (f" (= {b})" if b is not items[i] else "") + f" is outside its range {lo}..{hi}")
+        out.append(b)
     return out
 
 
@@ -338,20 +362,49 @@ def _tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> Te
                       meta=meta)
 
 
+def _for_clauses(key: str) -> tuple[str, list[tuple[int, str]]]:
+    """'x{i}_{j} for i in A for j in B' -> ('x{i}_{j}', [(offset, 'i in A'), (offset, 'j in B')]): the
+    clauses outside brackets, so a comprehension inside A keeps its own 'for'."""
+    cuts, depth, i = [], 0, 0
+    while i < len(key):
+        c = key[i]
+        depth += c in "([{"
+        depth -= c in ")]}"
+        m = _FOR_WORD.match(key, i) if depth == 0 and c.isspace() else None
+        if m:
+            cuts.append((m.start(), m.end()))
+            i = m.end()
+            continue
+        i += 1
+    if not cuts:
+        return key, []
+    ends = [s for s, _ in cuts[1:]] + [len(key)]
+    return key[:cuts[0][0]], [(e, key[e:end].rstrip()) for (_, e), end in zip(cuts, ends, strict=True)]
+
+
 def _expand_keys(section: dict, src: Source, base: tuple, params: dict, expander: Expander):
-    """`aux{i} for i in aux_layers: ...` keys -> one entry per value."""
+    """`aux{i} for i in aux_layers: ...` keys -> one entry per value; several clauses nest, the
+    first outermost, and a later clause may use the earlier variables (x{i}_{j} for i in A for j in B)."""
     for key, raw in section.items():
         path = base + (key,)
-        m = _FOR_KEY.match(key)
-        if m:
-            var, vals = expander.loop_values(f"{m.group(2)} in {m.group(3)}", params, src.loc(path))
-            if len(vals) > MAX_OPS:
-                raise PlanError.at(src.loc(path), "limit", f"'{key}' declares {len(vals):,} names; the limit is"
-                                   f" {MAX_OPS:,} (budget 'ops')")
-            for v in vals:
-                yield expander.interp(m.group(1), ChainMap({var: v}, params), src.loc(path)), raw, path
-        else:
+        pattern, clauses = _for_clauses(key)
+        if not clauses:
             yield expander.interp(key, params, src.loc(path)), raw, path
+            continue
+        envs = [ChainMap({}, params)]
+        for off, clause in clauses:
+            nxt = []
+            for env in envs:
+                var, vals = expander.loop_values(clause, env, src.loc(path).shift(off))
+                if any(var in m for m in env.maps[:-1]):
+                    raise PlanError.at(src.loc(path).shift(off), "dup", f"loop variable '{var}' is used twice in '{key}'")
+                nxt += [env.new_child({var: v}) for v in vals]
+                if len(nxt) > MAX_OPS:
+                    raise PlanError.at(src.loc(path), "limit", f"'{key}' declares more than {MAX_OPS:,} names"
+                                       " (budget 'ops')")
+            envs = nxt
+        for env in envs:
+            yield expander.interp(pattern, env, src.loc(path)), raw, path
 
 
 # ---------------------------------------------------------------- main
@@ -404,7 +457,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
                     raise PlanError.at(src.loc(("blocks", k, field, names.index(dup, names.index(dup) + 1))), "dup",
                                        f"block '{k}': {field[:-1]} '{dup}' is listed twice")
             blocks[k] = (raw, src, ("blocks", k))
-    ex = Expander(params, blocks)
+    ex = Expander(params, blocks, dims=dims)
 
     tensors: dict[str, TensorSpec] = {}
     locs: dict[str, Loc] = {}
