@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import Loc, PlanError, did_you_mean
 from .expr import MAX_AST_DEPTH, ExprError, Name, depth, eval_int, fold, free_names, parse
-from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec, unknown_dtype
+from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec, fmt_dim, fmt_shape, unknown_dtype
 
 __all__ = ["InferCtx", "infer_all", "topo_order"]
 
@@ -181,10 +181,59 @@ def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
                     raise PlanError.at(locs.get(op.id), "limit", f"{op.op} '{op.id}': a dim of '{s.name}' is an"
                                        f" expression more than {MAX_AST_DEPTH} levels deep (budget 'expr-depth');"
                                        " a long chain of pad/cat/slice over a dynamic dim")
+            _nonnegative(op, s, probes, locs, field_locs)
             if s.name in tensors:
                 raise PlanError.at(locs.get(op.id), "dup", f"tensor '{s.name}' is defined twice")
             s.producer = op.id
             tensors[s.name] = s
+
+
+def _may_share(o, n, by_id, tensors, readers, outs, loc) -> None:
+    """An in-place operand made by an op that may hand back its input's memory: a region output
+    (select: whichever variant ran) or a shard (a view of x where no padding is needed). Every
+    tensor it may be must be one the write may change: made by the plan, not a view, read by no
+    other op, not a plan output."""
+    todo, seen = [(n, "")], {n}
+    while todo:
+        m, how = todo.pop()
+        p = by_id.get(tensors[m].producer)
+        if p is None or p.op not in ("select", "shard"):
+            continue
+        nxt = ([(c, f"variant '{v}' of region '{p.region}' makes it as '{c}'") for c, v in
+                zip(p.choices, p.variants or [""] * len(p.choices), strict=False)] if p.op == "select"
+               else [(p.x, f"shard '{p.id}' returns a view of '{p.x}' where no padding is needed")])
+        for c, why in nxt:
+            if c in seen:
+                continue
+            seen.add(c)
+            t, why = tensors[c], why if not how else f"{how}; {why}"
+            if t.producer is None:
+                problem = f"may be plan {t.kind} '{c}' itself ({why}); only values the plan makes can be overwritten"
+            elif t.alias_of is not None and not t.meta.get("inplace") or not t.contiguous:
+                problem = f"may be a view ({why}); writing it would change the tensor it views"
+            elif [r for r in readers.get(c, []) if r != p.id]:
+                problem = f"may be '{c}' ({why}), which '{[r for r in readers[c] if r != p.id][0]}' also reads"
+            elif c in outs:
+                problem = f"may be '{c}' ({why}), a plan output"
+            else:
+                todo.append((c, why))
+                continue
+            raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', which {problem};"
+                               " drop inplace or copy it first")
+
+
+def _nonnegative(op, s, probes, locs, field_locs) -> None:
+    """Every dim an op makes is >= 0 at every probe: an extern's shape=, split sizes and view dims
+    are written by hand, and a negative one would only fail inside an allocator at run time."""
+    for i, d in enumerate(s.shape):
+        bad = [b for b in (probes.bindings if not isinstance(d, int) else [{}]) if eval_int(d, b) < 0]
+        if bad:
+            at = ", ".join(f"{k}={v}" for k, v in bad[0].items())
+            field = next((f for f in ("shape", "shapes", "sizes") if f in field_locs.get(op.id, {})), None)
+            loc = field_locs.get(op.id, {}).get(field) if field else None
+            raise PlanError.at(loc or locs.get(op.id), "shape", f"{op.op} '{op.id}': dim {i} of '{s.name}'"
+                               f" {fmt_shape(s.shape)} is {fmt_dim(d)}, negative" + (f" at {at}" if at else "")
+                               + "; sizes must be >= 0 at every size the dims allow")
 
 
 def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
@@ -206,6 +255,7 @@ def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
             if n in tensors:
                 readers.setdefault(root(n), []).append(o.id)
     outs = {root(n) for n in outputs if n in tensors}
+    by_id = {o.id: o for o in ops}
     for o in writers:
         if o.op == "add_rmsnorm" and root(o.x) == root(o.residual):
             loc = field_locs.get(o.id, {}).get("residual") or locs.get(o.id)
@@ -215,6 +265,7 @@ def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
         for field in ("x", "residual"):
             n = getattr(o, field)
             loc = field_locs.get(o.id, {}).get(field) or locs.get(o.id)
+            _may_share(o, n, by_id, tensors, readers, outs, loc)
             others = [r for r in readers.get(n, []) if r != o.id]
             if others:
                 raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', which '{others[0]}'"

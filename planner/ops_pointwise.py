@@ -185,9 +185,12 @@ def residual_norm_specs(op, ctx, x, r, w, overwritten) -> list:
             if t.producer is None:
                 ctx.fail(f"inplace: '{name}' is a plan {t.kind}; only values the plan makes can be"
                          " overwritten", f)
-            if (t.alias_of is not None and not t.meta.get("inplace")) or not t.contiguous:
+            if t.alias_of is not None and not t.meta.get("inplace"):
                 ctx.fail(f"inplace: '{name}' is a view of '{t.alias_of}'; writing it would change that"
                          " tensor too", f)
+            if not t.contiguous:
+                ctx.fail(f"inplace: '{name}' is not contiguous (a strided view, or a region output that"
+                         " one variant makes as one); the fused kernel writes contiguous rows", f)
             # the result lives in the input's memory: a new value there, not a view of it
             alias[i] = {"alias_of": name, "meta": {"inplace": True}}
     return [out_spec(op, ctx, x.shape, x.dtype, 0, **alias[0]), out_spec(op, ctx, x.shape, x.dtype, 1, **alias[1])]

@@ -38,6 +38,6 @@ def test_planner_run_picks_a_world_every_group_divides(tmp_path, capsys):
     assert main(["run", str(p), "--world-size", "6"]) == 2
     err = capsys.readouterr().err
     assert "plan group 'tp' has size 4, which does not divide --world-size 6" in err
-    assert "--set tp_size=N" in err
+    assert "--set tp_size=6" in err
     assert main(["run", str(p), "--world-size", "128"]) == 2
     assert "128 ranks (--world-size) is more than planner run starts on one machine (64)" in capsys.readouterr().err

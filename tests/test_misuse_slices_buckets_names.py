@@ -123,3 +123,15 @@ def test_never_runs_warnings_carry_a_column(tmp_path, capsys):
     assert main(["validate", str(p)]) == 0
     err = capsys.readouterr().err
     assert re.search(rf"warning: {re.escape(str(p))}:\d+:\d+: variant 'a' of region r never runs", err), err
+
+
+@pytest.mark.parametrize("op, want", [
+    ("y: extern(f, x, shape=[num_tokens, -3])", "extern 'y': dim 1 of 'y' [num_tokens, -3] is -3, negative"),
+    ("y: extern(f, x, shape=[num_tokens - 8, 64])", "is num_tokens - 8, negative at num_tokens=1"),
+    ("a, y: split(x, [80, -16], dim=1)", "split 'a': dim 1 of 'y' [num_tokens, -16] is -16, negative"),
+    ("y: view(x, [num_tokens, -8, -8])", "view 'y': dim 1 of 'y' [num_tokens, -8, -8] is -8, negative"),
+])
+def test_negative_sizes_an_op_makes_are_located_errors(tmp_path, op, want):
+    d = diagnostic(tmp_path, f"outputs: [y]\nops:\n  - {op}\n")
+    assert d.code == "shape" and want in d.message, d.message
+    assert d.loc.line == 16, d.loc

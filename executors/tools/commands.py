@@ -192,7 +192,7 @@ def cmd_run(args) -> int:
     for name, size in plan.groups.items():
         if world % size:
             same = [p for p, v in plan.params.items() if v == size and type(v) is int]
-            to = world if size > world else "N"
+            to = world  # the plan sized to the run: a group over every rank
             how = (f"--set {same[0]}={to}" if len(same) == 1 else f"--set one of {', '.join(same)}" if same
                    else "--set the param its size is made of")
             if size > world:

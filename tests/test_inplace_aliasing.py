@@ -1,0 +1,120 @@
+"""In-place ops over values that may be another tensor's memory: a shard (a view of its input
+where no padding is needed), a region output (whichever variant ran), and model code that hands
+back its argument. Each would overwrite the caller's tensors; each is refused at load or copied
+at the call, and the legitimate forms stay allowed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from executors.lowering import build_executor
+from planner.pipeline import compile_plan
+from tests.planutil import diagnostic, load
+
+H = """
+plan: p
+params:
+  tp_size: 1
+dims:
+  num_tokens: 1..16
+groups:
+  tp: tp_size
+inputs:
+  h: bf16[num_tokens, 64]
+  res: bf16[num_tokens, 64]
+weights:
+  n: bf16[64]
+"""
+NORM = "  - y, r: add_rmsnorm({a}, {b}, n, inplace=true)\n  - out: add(y, r)\n"
+
+
+def _body(ops, a, b="rr", extra="  - rr: copy(res)\n"):
+    return "outputs: [out]\nops:\n" + ops + extra + NORM.format(a=a, b=b)
+
+
+@pytest.mark.parametrize("ops, a, b, extra, want", [
+    ("  - hs: shard(h, tp)\n", "hs", "rr", "  - rr: copy(res)\n",
+     "inplace overwrites 'hs', which may be plan input 'h' itself (shard 'hs' returns a view of 'h'"),
+    ("  - hs: shard(h, tp)\n  - rs: shard(res, tp)\n", "hs", "rs", "", "may be plan input 'h' itself"),
+    ("  - c: copy(h)\n  - hs: shard(c, tp)\n  - z: add(c, c)\n", "hs", "rr", "  - rr: copy(res)\n",
+     "which may be 'c' (shard 'hs' returns a view of 'c' where no padding is needed), which 'z' also reads"),
+])
+def test_in_place_over_a_shard_of_what_others_use_is_refused(tmp_path, ops, a, b, extra, want):
+    d = diagnostic(tmp_path, _body(ops, a, b, extra), H)
+    assert d.code == "shape" and want in d.message, d.message
+    text = H.lstrip("\n") + _body(ops, a, b, extra)
+    assert d.loc.line == text.splitlines().index(NORM.splitlines()[0].format(a=a, b=b)) + 1, d.loc
+
+
+def test_in_place_over_a_shard_of_a_plan_made_value_runs(tmp_path):
+    plan = load(tmp_path, _body("  - c: copy(h)\n  - hs: shard(c, tp)\n", "hs"), H)
+    ex = build_executor(compile_plan(plan), {"n": torch.ones(64, dtype=torch.bfloat16)}, device="cpu")
+    h, res = torch.randn(6, 64).bfloat16(), torch.randn(6, 64).bfloat16()
+    h0 = h.clone()
+    out = ex(h=h, res=res)["out"]
+    s = h0.float() + res.float()
+    ref = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16().float() + s.bfloat16().float()
+    assert torch.equal(h, h0) and torch.allclose(out.float(), ref.bfloat16().float(), atol=0.07)
+
+
+REGION = """  - region: pick
+    outputs: [t]
+    variants:
+      - name: small
+        when: num_tokens <= 8
+        ops:
+          - t: {small}
+      - name: big
+        ops:
+          - t: copy(h)
+"""
+
+
+@pytest.mark.parametrize("small, want", [
+    ("view(h, [num_tokens, 64])", "may be a view (variant 'small' of region 'pick' makes it as"),
+    ("h[:, :64]", "inplace: 't' is not contiguous"),
+])
+def test_in_place_over_a_region_output_that_a_variant_makes_as_a_view(tmp_path, small, want):
+    d = diagnostic(tmp_path, _body(REGION.format(small=small), "t"), H)
+    assert want in d.message, d.message
+
+
+def test_a_strided_in_place_operand_is_named_as_such(tmp_path):
+    head = H.replace("h: bf16[num_tokens, 64]", "h: bf16[num_tokens, 128]")
+    d = diagnostic(tmp_path, _body(REGION.format(small="h[:, :64]").replace("copy(h)", "copy(h[:, :64])"), "t"), head)
+    assert "inplace: 't' is not contiguous" in d.message and "None" not in d.message, d.message
+
+
+def test_in_place_over_a_region_output_every_variant_makes_fresh_runs(tmp_path):
+    plan = load(tmp_path, _body(REGION.format(small="add(h, h)"), "t"), H)
+    assert plan.tensors["t"].producer is not None
+
+
+@pytest.mark.parametrize("fn", [lambda t: t, lambda t: t.view(t.shape), lambda t: t[:, :]])
+def test_model_code_that_hands_back_its_argument_is_copied_before_an_in_place_write(tmp_path, fn):
+    body = "outputs: [out]\nops:\n  - e: extern(ident, h, shape=[num_tokens, 64])\n  - rr: copy(res)\n" \
+           + NORM.format(a="e", b="rr")
+    ex = build_executor(compile_plan(load(tmp_path, body, H)), {"n": torch.ones(64, dtype=torch.bfloat16)},
+                        device="cpu", externs={"ident": fn})
+    h, res = torch.randn(4, 64).bfloat16(), torch.randn(4, 64).bfloat16()
+    h0 = h.clone()
+    ex(h=h, res=res)
+    assert torch.equal(h, h0)
+
+
+def test_several_results_of_model_code_in_one_buffer_are_separate_values(tmp_path):
+    body = ("outputs: [out]\nops:\n  - a, b: extern(two, h, shapes=[[num_tokens, 64], [num_tokens, 64]])\n"
+            + NORM.format(a="a", b="b"))
+    buf = {}
+
+    def two(t):
+        buf["x"] = t * 2
+        return buf["x"], buf["x"]
+    ex = build_executor(compile_plan(load(tmp_path, body, H)), {"n": torch.ones(64, dtype=torch.bfloat16)},
+                        device="cpu", externs={"two": two})
+    h = torch.randn(4, 64).bfloat16()
+    out = ex(h=h, res=h)["out"]
+    s = (h.float() * 2) * 2
+    ref = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16().float() + s.bfloat16().float()
+    assert torch.allclose(out.float(), ref.bfloat16().float(), atol=0.25), (out.float() - ref).abs().max()
