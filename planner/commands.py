@@ -119,6 +119,9 @@ def plan_warnings(cp, cfg, stream=None) -> list[str]:
     never run."""
     out = [f"{f['loc']}: {f['text']}" if f["loc"] else f["text"]
            for f in cp.report.get("assign-streams:folded", [])]
+    out += [(f"{e['loc']}: " if e["loc"] else "") + f"extern '{e['id']}' ({e['fn']}) is removed: nothing reads its"
+            " results (write effects=true to run model code for what it does beyond them)"
+            for e in cp.report.get("dce:externs", [])]
     out += _dead_variants(cp, cfg)
     for w in out:
         print(f"warning: {w}", file=stream or sys.stderr)

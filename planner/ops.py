@@ -302,6 +302,8 @@ class Extern(OpBase):
     cost_us: float | None = Field(None, description="Time estimate for the cost model.")
     side_stream: bool = Field(True, description="False: the code must run on the caller's stream (it syncs"
                               " with it or launches on it itself); the planner keeps it on main.")
+    effects: bool = Field(False, description="True: the code runs for what it does beyond its results (writes a"
+                          " KV cache); dce keeps it though nothing reads its results, and it stays on main.")
 
     def inputs(self):
         return list(self.args)
@@ -321,9 +323,10 @@ class Extern(OpBase):
             ctx.tensor(a, ("args", i))
         if self.cost_us is not None and not self.cost_us >= 0:
             ctx.fail(f"cost_us must be >= 0 (microseconds), got {self.cost_us:g}", "cost_us", "type")
-        if not self.side_stream and self.stream not in (None, "main"):
-            ctx.fail(f"side_stream=false keeps this code on the caller's stream (main), but it is "
-                     f"pinned to stream '{self.stream}'", "stream", "stream")
+        for flag, on in (("side_stream=false", not self.side_stream), ("effects=true", self.effects)):
+            if on and self.stream not in (None, "main"):
+                ctx.fail(f"{flag} keeps this code on the caller's stream (main), but it is "
+                         f"pinned to stream '{self.stream}'", "stream", "stream")
         if (self.shape is None) == (self.shapes is None):
             ctx.fail("extern needs exactly one of shape= (one result) or shapes= (several)", "shape")
         if self.shapes is not None:

@@ -118,3 +118,23 @@ def test_several_results_of_model_code_in_one_buffer_are_separate_values(tmp_pat
     s = (h.float() * 2) * 2
     ref = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16().float() + s.bfloat16().float()
     assert torch.allclose(out.float(), ref.bfloat16().float(), atol=0.25), (out.float() - ref).abs().max()
+
+
+def test_model_code_run_for_its_effects_is_kept_and_unread_model_code_is_a_warning(tmp_path, capsys):
+    from planner.cli import main
+    from tests.planutil import compiled, write
+    body = ("outputs: [out]\nops:\n  - _: extern(kv_write, h, res, shape=[1]{flag})\n  - out: add(h, res)\n")
+    cp = compiled(tmp_path / "a", body.format(flag=", effects=true"), H)
+    kept = [v for v in cp.graph.nodes if cp.graph.nodes[v]["op"].op == "extern"]
+    assert len(kept) == 1 and cp.graph.nodes[kept[0]]["stream"] == "main"
+    calls = []
+    ex = build_executor(cp, {"n": torch.ones(64, dtype=torch.bfloat16)}, device="cpu",
+                        externs={"kv_write": lambda h, r: calls.append(h.shape) or torch.zeros(1).bfloat16()})
+    ex(h=torch.randn(3, 64).bfloat16(), res=torch.randn(3, 64).bfloat16())
+    assert calls == [torch.Size([3, 64])]
+    p = write(tmp_path / "b", H.lstrip("\n") + body.format(flag=""))
+    assert main(["validate", str(p)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {p}:15:8: extern" in err and "(kv_write) is removed: nothing reads its results (write effects=true" in err
+    d = diagnostic(tmp_path / "c", body.format(flag=", effects=true, stream=aux"), H)
+    assert "effects=true keeps this code on the caller's stream (main)" in d.message

@@ -74,7 +74,7 @@ _POOL_ALIAS = {"aux": "aux1", "aux1": "aux"}
 
 
 def stays_on_main(op) -> bool:
-    return op.op in COLLECTIVES or (op.op == "extern" and not op.side_stream)
+    return op.op in COLLECTIVES or (op.op == "extern" and (not op.side_stream or op.effects))
 
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:

@@ -1,6 +1,7 @@
 """dce: remove variants whose gate folds to false, and ops nothing reads.
 
-Pre: a built graph. Post: every op reaches a plan output; every region keeps its
+Pre: a built graph. Post: every op reaches a plan output or an extern marked effects=true
+(model code that writes state, kept though nothing reads its results); every region keeps its
 live variants in order (a variant whose gate folds to true makes the later ones
 dead); select ops list only live variants.
 """
@@ -47,8 +48,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                 op.choices = [op.choices[i] for i in keep]
                 op.variants = [op.variants[i] for i in keep]
     g.remove_nodes_from(removed)
-    # unreachable ops: nothing downstream is a plan output
+    # unreachable ops: nothing downstream is a plan output or model code run for its effects
     outputs = {cp.tensors[o].producer for o in cp.plan.outputs if cp.tensors[o].producer}
+    outputs |= {v for v, d in g.nodes(data=True) if d["op"].op == "extern" and d["op"].effects}
     keep = set(outputs)
     stack = list(outputs)
     while stack:  # one reverse walk from all outputs: linear in the graph
@@ -60,6 +62,9 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     if unused:
         notes.append(f"removed {len(unused)} op(s) whose results are never used: " + ", ".join(sorted(unused)[:5])
                      + (" ..." if len(unused) > 5 else ""))
+    # model code removed this way may have been written for its effects: the CLI warns of each
+    cp.report[NAME + ":externs"] = [{"id": v, "fn": g.nodes[v]["op"].fn, "loc": str(cp.plan.locs.get(v) or "")}
+                                    for v in sorted(unused) if g.nodes[v]["op"].op == "extern"]
     g.remove_nodes_from(unused)
     gone = removed | set(unused)
     for name in [n for n, t in cp.tensors.items() if t.producer in gone]:
