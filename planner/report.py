@@ -29,6 +29,7 @@ from .analysis import (
 from .cost import CostModel
 from .graph import Compiled, compatible
 from .passes.fuse_allreduce_norm import describe as describe_allreduce_norm
+from .passes.fuse_gemm_chains import describe as describe_gemm_chains
 from .shapes import fmt_dim, fmt_shape
 
 __all__ = ["to_json", "to_text", "critical_paths"]
@@ -155,6 +156,7 @@ def to_json(cp: Compiled, cfg) -> dict:
         "exit_waits": list(cp.exit_waits),
         "fusion": cp.report.get("fuse-collectives"),
         "allreduce_norm_fusion": cp.report.get("fuse-allreduce-norm"),
+        "gemm_chain_fusion": cp.report.get("fuse-gemm-chains"),
         "dce": cp.report.get("dce"),
         "stream_decisions": cp.report.get("assign-streams"),
         "stream_scopes": cp.report.get("assign-streams:scopes"),  # per scope and bucket
@@ -300,7 +302,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         for b in fus["buckets"]:
             along = f" (dim {b['dim']})" if b.get("dim") is not None else ""  # all_reduce has none
             L.append(f"  {st.cyan(b['id'])}: one {b['kind']} over '{b['group']}'{along} replaces"
-                     f" {len(b['members'])}: {', '.join(b['tensors'])}; packed along dim {b['pack_dim']}")
+                     f" {len(b['members'])}: {', '.join(b['tensors'])}; packed along dim {b['pack_dim']}"
+                     + (f"; on stream {b['stream']}, the members' pin" if b.get("stream") else ""))
             L.append(f"    packing: {st.green(b['packing'])}: {b['why']}")
             upper = ", ".join(f"{k}={d.hi}" for k, d in plan.dims.items())
             L.append(f"    buffers at {upper}: packed {_mib(b['packed_bytes_max'])}, result {_mib(b['out_bytes_max'])}")
@@ -309,10 +312,11 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         if len(fus["not_fused"]) > 10:
             L.append(f"  ... {len(fus['not_fused']) - 10} more near misses (see --emit json)")
 
-    arn = describe_allreduce_norm(cp.report.get("fuse-allreduce-norm"), st)
-    if arn:
-        L.append("")
-        L += arn
+    for lines in (describe_allreduce_norm(cp.report.get("fuse-allreduce-norm"), st),
+                  describe_gemm_chains(cp.report.get("fuse-gemm-chains"), st)):
+        if lines:
+            L.append("")
+            L += lines
 
     L.append("")
     L.append(st.bold("Streams") + f": {', '.join(cp.streams)}"

@@ -39,7 +39,8 @@ def test_chain_becomes_one_op_and_pass_can_be_disabled(tmp_path):
     assert (op.a, op.b, op.b2, op.col, op.width, op.out, op.fused_from) == ("x", "w", "wb", 64, 32, ["p", "g"], ["p", "g"])
     assert after.tensors["g"].producer == "p" and after.tensors["g"].shape[1] == 16
     assert before.tensors["g"].producer == "g"  # the loaded plan's specs are left alone
-    assert after.report["fuse-gemm-chains"]["fused"] == [{"id": "p", "fused_from": ["p", "g"], "col": 64, "width": 32}]
+    assert after.report["fuse-gemm-chains"]["fused"] == [{"id": "p", "fused_from": ["p", "g"], "col": 64, "width": 32,
+                                                          "stream": None}]
     assert before.report["fuse-gemm-chains"] == "disabled"
     # a slice works like a split piece
     sliced = compiled(tmp_path, """

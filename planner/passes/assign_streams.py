@@ -77,6 +77,20 @@ def stays_on_main(op) -> bool:
     return op.op in COLLECTIVES or (op.op == "extern" and (not op.side_stream or op.effects))
 
 
+def pin_target(plan, op) -> str | None:
+    """The stream op's pin names at any --streams bound, so fusion passes can tell whether two ops
+    may become one without dropping a pin: None where the planner places the op; "main" for an
+    unpinned op that stays there anyway; aux and aux1 name one pool stream when none are declared."""
+    s = op.stream
+    if not s:
+        return "main" if stays_on_main(op) else None
+    return "aux1" if not plan.streams and s in _POOL_ALIAS else s
+
+
+def pin_text(s: str | None) -> str:
+    return f"pinned to {s}" if s else "unpinned"
+
+
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     g = cp.graph
     n = plan_streams(cp.plan) if cfg.num_streams is None else max(1, cfg.num_streams)
@@ -94,7 +108,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         else:
             pinned[v] = "main"
             folded_ids.add(v)
-            loc = cp.plan.locs.get(v)
+            loc = _pin_loc(cp, v)
             folded.append({"text": f"{v} pinned to {written} -> main (--streams {n} allows {', '.join(streams)})",
                            "loc": str(loc) if loc else ""})
     cp.streams = streams
@@ -162,6 +176,13 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             f["text"] + (f" at {f['loc']}" if f["loc"] else "") for f in folded)})
     cp.report[NAME + ":folded"] = folded
     return cp, changed
+
+
+def _pin_loc(cp: Compiled, v: str):
+    """Where v's pin was written: a fused op's pin is its members' (fused_from)."""
+    locs = cp.plan.locs
+    members = getattr(cp.graph.nodes[v]["op"], "fused_from", None) or []
+    return locs.get(v) or next((locs[m] for m in members if m in locs), None)
 
 
 def _with_regions(cp, order, scopes, nodes, pinned, decided):

@@ -8,8 +8,9 @@ context, with no view of r and r not a plan output, is replaced by
 output names. Readers are unchanged; r disappears. Refused (and reported with the reason):
 other readers, max/min/avg reductions, fp32 (the fused kernels take 16-bit floats), a norm
 whose operands are both all-reduced over different groups (the fused op reduces one
-operand over one group), a norm that names its backend, and a residual or weight that
-depends on r. The lowering picks FlashInfer's fused kernel or the collective plus a
+operand over one group), a norm that names its backend, a norm pinned to another stream
+than the all_reduce's, and a residual or weight that depends on r. The fused op keeps the
+all_reduce's pin (or the norm's, when only the norm is pinned). The lowering picks FlashInfer's fused kernel or the collective plus a
 separate norm per call (executors/backends/allreduce_norm.py), so fusing never changes
 what is computed.
 """
@@ -21,6 +22,7 @@ import networkx as nx
 from ..graph import Compiled, rebuild_edges
 from ..infer import InferCtx
 from ..ops import COLLECTIVES, VIEW_OPS, AllReduceAddRmsNorm
+from .assign_streams import pin_target, pin_text
 
 NAME = "fuse-allreduce-norm"
 FUSED_DTYPES = ("bf16", "fp16")
@@ -72,6 +74,10 @@ def _refusal(cp: Compiled, v: str, claimed: set) -> tuple[str | None, str | None
         return None, None, f"add_rmsnorm '{n}' runs in a different variant context"
     if norm.backend != "auto":
         return None, None, f"add_rmsnorm '{n}' names backend {norm.backend}: left as written"
+    if norm.stream and pin_target(cp.plan, norm) != pin_target(cp.plan, op):
+        # the fused op takes the all_reduce's stream: fusing would move the norm off its pin
+        return None, None, (f"add_rmsnorm '{n}' is pinned to {norm.stream}, the all_reduce is"
+                            f" {pin_text(op.stream)}: the fused op runs on one stream")
     other = norm.residual if norm.x == r else norm.x
     og = _collective_group(cp, other)
     if og is not None and og != op.group:
@@ -124,14 +130,14 @@ def _rewrite(cp: Compiled, v: str, n: str, other: str, ictx) -> dict:
     r = ar.out[0]
     fused = AllReduceAddRmsNorm(op="all_reduce_add_rmsnorm", id=n, x=ar.x, residual=other, w=norm.w,
                                 group=ar.group, eps=norm.eps, inplace=norm.inplace, out=list(norm.out),
-                                fused_from=[v, n], doc=norm.doc)
+                                fused_from=[v, n], doc=norm.doc, stream=ar.stream or norm.stream)
     g.remove_nodes_from([v, n])
     for name in [r, *norm.out]:
         del cp.tensors[name]
     for spec in fused.infer(ictx):
         spec.producer = fused.id
         cp.tensors[spec.name] = spec
-    g.add_node(fused.id, op=fused, ctx=ctx, stream="main", waits=[], records=[])
+    g.add_node(fused.id, op=fused, ctx=ctx, stream=fused.stream or "main", waits=[], records=[])
     for name in fused.inputs():  # the edges in now, so later candidates see this op as a reader
         p = cp.tensors[name].producer
         if p is not None:
@@ -141,7 +147,7 @@ def _rewrite(cp: Compiled, v: str, n: str, other: str, ictx) -> dict:
                 g.add_edge(p, fused.id, tensors=[name])
     t = cp.tensors[fused.out[0]]
     return {"id": fused.id, "all_reduce": v, "add_rmsnorm": n, "group": ar.group, "dtype": t.dtype,
-            "x": ar.x, "residual": other, "removed": r,
+            "x": ar.x, "residual": other, "removed": r, "stream": fused.stream,
             "why": (f"'{r}' is read only by add_rmsnorm '{n}': one all_reduce + residual + RMSNorm op over"
                     f" '{ar.group}' (FlashInfer's fused kernel where capability and the tuned token limit"
                     " allow, the all_reduce then the norm otherwise)")}
@@ -156,7 +162,8 @@ def describe(report, st) -> list[str]:
     L = [st.bold("All-reduce + norm fusion") + f": {len(report['fused'])} fused"]
     for f in report["fused"][:10]:
         L.append(f"  {st.cyan(f['id'])}: all_reduce {f['all_reduce']} + add_rmsnorm {f['add_rmsnorm']}"
-                 f" -> all_reduce_add_rmsnorm over '{f['group']}' ({f['dtype']})")
+                 f" -> all_reduce_add_rmsnorm over '{f['group']}' ({f['dtype']})"
+                 + (f" on stream {f['stream']}, the pin it keeps" if f.get("stream") else ""))
     if len(report["fused"]) > 10:
         L.append(f"  ... {len(report['fused']) - 10} more (see --emit json)")
     for nf in report["not_fused"][:10]:

@@ -1,7 +1,8 @@
 """fuse-collectives: merge independent collectives into packed buckets.
 
 Pre: dce ran. Post: collectives of the same kind, process group, dim, dtype,
-reduction (sum and avg never merge) and variant context with no path between them, within the byte cap,
+reduction (sum and avg never merge), stream pin (the fused collective keeps it) and
+variant context with no path between them, within the byte cap,
 and whose merge does not delay any member past its slack on the critical path,
 are replaced by   pack (cat) -> one collective -> unpack (split into the
 original output names). Readers are unchanged. Every rank compiles the same
@@ -29,6 +30,7 @@ from ..graph import Compiled, compatible, rebuild_edges
 from ..infer import InferCtx
 from ..ops import PACKABLE_COLLECTIVES, Cat, Split
 from ..shapes import DTYPES
+from .assign_streams import pin_target, pin_text
 
 NAME = "fuse-collectives"
 INPLACE_WRITERS = {"gemm", "add", "copy"}
@@ -67,13 +69,19 @@ def _key(cp: Compiled, v: str):
     dim = getattr(op, "dim", None)
     if dim is not None:
         dim = dim % x.rank
-    return (op.op, op.group, dim, x.dtype, getattr(op, "reduce", None), getattr(op, "backend", "auto"), d["ctx"])
+    # the stream a pin names is part of the key: the fused op runs on one stream, so only members
+    # whose pins name the same one can share it without dropping a pin
+    return (op.op, op.group, dim, x.dtype, getattr(op, "reduce", None), getattr(op, "backend", "auto"),
+            pin_target(cp.plan, op), d["ctx"])
 
 
-def _why_differs(k1, k2) -> str:
-    names = ["kind", "process group", "dim", "dtype", "reduction", "backend", "variant context"]
+def _why_differs(cp: Compiled, u: str, v: str, k1, k2) -> str:
+    names = ["kind", "process group", "dim", "dtype", "reduction", "backend", "stream pin", "variant context"]
     for n, a, b in zip(names, k1, k2, strict=True):
         if a != b:
+            if n == "stream pin":
+                pu, pv = (pin_text(cp.graph.nodes[w]["op"].stream) for w in (u, v))
+                return f"different stream pins ({pu} vs {pv}): the fused op runs on one stream"
             if n != "variant context":
                 return f"different {n} ({a} vs {b})"
             if not compatible(a, b):
@@ -132,7 +140,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     for i, k in enumerate(keys):  # explain near misses between keys
         for k2 in keys[i + 1:]:
             if k[0] == k2[0]:
-                report["not_fused"].append({"ops": [groups[k][0], groups[k2][0]], "reason": _why_differs(k, k2)})
+                u, w = groups[k][0], groups[k2][0]
+                report["not_fused"].append({"ops": [u, w], "reason": _why_differs(cp, u, w, k, k2)})
 
     def nbytes(name):
         return _max_bytes(cp, name)
@@ -306,8 +315,11 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
         offset = _add(offset, s.shape[p])
 
     pack = Cat(op="cat", id=f"{bid}.pack", xs=xs, dim=p, out=[packed], inplace=[x for x, _ in inplace])
+    # the members' pins name one stream (the fusion key): the fused collective keeps it; the pack
+    # and unpack are not collectives and stay the stream planner's to place
+    pin = next((o.stream for o in ops if o.stream), None)
     coll = ops[0].model_copy(update={"id": bid, "x": packed, "out": [gathered], "fused_from": list(members),
-                                     "stream": None})
+                                     "stream": pin})
     outs = [o.out[0] for o in ops]
     out_specs = [cp.tensors[o] for o in outs]
     sizes = [s.shape[p] for s in out_specs]
@@ -323,7 +335,7 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
         for spec in op.infer(ictx):
             spec.producer = op.id
             cp.tensors[spec.name] = spec
-        g.add_node(op.id, op=op, ctx=ctx, stream="main", waits=[], records=[])
+        g.add_node(op.id, op=op, ctx=ctx, stream=op.stream or "main", waits=[], records=[])
     from ..shapes import nbytes_at
     upper = {k: d.hi for k, d in cp.plan.dims.items()}
     n_in = len(inplace)
@@ -339,7 +351,7 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
     else:
         form, why = "cat", "cat copy of " + copied_text
     return {
-        "id": bid, "kind": coll.op, "group": coll.group, "dim": coll_dim, "pack_dim": p,
+        "id": bid, "kind": coll.op, "group": coll.group, "dim": coll_dim, "pack_dim": p, "stream": coll.stream,
         "members": list(members), "tensors": xs, "packing": form, "why": why,
         "packed_bytes_max": nbytes_at(cp.tensors[packed], upper),
         "out_bytes_max": nbytes_at(cp.tensors[gathered], upper),

@@ -25,11 +25,12 @@ import dataclasses
 from ..graph import Compiled, rebuild_edges
 from ..infer import InferCtx
 from ..ops import GemmChain
+from .assign_streams import pin_target, pin_text
 
 NAME = "fuse-gemm-chains"
 MAX_WIDTH = 512
 
-__all__ = ["run", "NAME", "find_chains"]
+__all__ = ["run", "NAME", "find_chains", "describe"]
 
 
 def _static(*dims) -> bool:
@@ -71,8 +72,9 @@ def _why_not(cp: Compiled, first, second, col: int, width: int) -> str | None:
             return f"'{op.id}' casts its output to {op.out_dtype}"
     if g.nodes[first.id]["ctx"] != g.nodes[second.id]["ctx"]:
         return "the two gemms run under different variants"
-    if first.stream != second.stream:
-        return "the two gemms are pinned to different streams"
+    if pin_target(plan, first) != pin_target(plan, second):  # the gemm_chain runs on one stream
+        return (f"the two gemms' pins differ ('{first.id}' {pin_text(first.stream)}, '{second.id}'"
+                f" {pin_text(second.stream)}): the fused op runs on one stream")
     a, w, w2 = cp.tensors[first.a], cp.tensors[first.b], cp.tensors[second.b]
     if {a.dtype, w.dtype, w2.dtype} != {"bf16"}:
         return "the fused kernel runs bf16 operands only"
@@ -133,8 +135,26 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         g.nodes[a_id]["ctx"] = ctx
         # a new spec: the loaded plan's specs are shared with every compile of it
         cp.tensors[second.out[0]] = dataclasses.replace(cp.tensors[second.out[0]], producer=a_id)
-        fused.append({"id": a_id, "fused_from": [a_id, b_id], "col": col, "width": width})
+        fused.append({"id": a_id, "fused_from": [a_id, b_id], "col": col, "width": width, "stream": op.stream})
     if fused:
         rebuild_edges(cp)
     cp.report[NAME] = {"fused": fused, "not_fused": skipped}
     return cp, bool(fused)
+
+
+def describe(report, st) -> list[str]:
+    """The text report's lines for this pass (`st` styles them): each chain fused or left alone."""
+    if report == "disabled":
+        return [st.bold("GEMM chain fusion") + ": disabled"]
+    if not isinstance(report, dict) or not (report["fused"] or report["not_fused"]):
+        return []
+    L = [st.bold("GEMM chain fusion") + f": {len(report['fused'])} fused"]
+    for f in report["fused"][:10]:
+        L.append(f"  {st.cyan(f['id'])}: {' + '.join(f['fused_from'])} -> gemm_chain on columns"
+                 f" [{f['col']}, {f['col'] + f['width']})"
+                 + (f" on stream {f['stream']}, the pin it keeps" if f.get("stream") else ""))
+    for nf in report["not_fused"][:10]:
+        L.append(st.yellow(f"  not fused: {nf['ops'][0]} + {nf['ops'][1]}: {nf['reason']}"))
+    if len(report["fused"]) + len(report["not_fused"]) > 20:
+        L.append("  ... more (see --emit json)")
+    return L
