@@ -17,6 +17,7 @@ from planner.expr import eval_int
 from planner.tuning import (
     ALL_KEYS,
     check_limits,
+    check_variants,
     gemm_shapes,
     load_tuning,
     match_tuning,
@@ -29,7 +30,7 @@ from .backends.registry import impl_of
 from .dtypes import torch_dtype
 from .errors import BuildError
 
-__all__ = ["apply_tuning", "static_int", "resolve_tuning", "gemm_table", "tuned_gemm", "device_key"]
+__all__ = ["apply_tuning", "check_backends", "static_int", "resolve_tuning", "gemm_table", "tuned_gemm", "device_key"]
 
 
 def static_int(d, params):
@@ -81,9 +82,27 @@ def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
     try:
         data = check_limits(load_tuning(tuning) if where == "tuning=" else validate_tuning(tuning, where),
                             plan.tuned, where, plan.name)
+        check_variants(data, plan.regions, where, plan.name)
     except ValueError as exc:
         raise BuildError(str(exc)) from None
+    check_backends(data, where)
     return data, (where if where != "tuning=" else "tuning= (dict)")
+
+
+def check_backends(data: dict, where: str) -> None:
+    """Every backend a tuning names must be registered for its op kind: the planner checks only
+    the family (flashinfer), the registry knows the sub-backends (flashinfer:cudnn). where: the
+    file, prefixed to the message ("" where the caller locates the error)."""
+    from planner.cost import split_signature
+
+    from .backends import backends_for
+    for sig, entry in (data.get("backends") or {}).items():
+        kind = split_signature(sig)[0]
+        known = backends_for(kind)
+        if entry["backend"] not in known:
+            msg = (f"backends['{sig}'].backend '{entry['backend']:.60}' is not a {kind} backend"
+                   f" (known: {', '.join(sorted(known))})")
+            raise BuildError(f"{where}: {msg}" if where else msg)
 
 
 
@@ -171,6 +190,7 @@ def apply_tuning(ex, tuning) -> int:
     their kernel. build_executor does not call this: lowering builds tuned steps directly."""
     from types import SimpleNamespace
     data = load_tuning(tuning) if tuning is not None else {}
+    check_backends(data, tuning if isinstance(tuning, str) else "tuning")
     table, keyed = gemm_table(data), keyed_table(data)
     if not table and not keyed:
         return 0

@@ -60,7 +60,7 @@ def _compile_args(p) -> None:
     p.add_argument("--streams", type=int, default=None,
                    help="stream bound: main + N-1 shared aux; pins beyond it fold onto main (default: the plan's"
                         " streams: list, or main + aux and every aux<N> the plan pins)")
-    p.add_argument("--bucket-cap-mb", type=float, default=512.0, help="byte cap of one fused collective (default 512)")
+    p.add_argument("--bucket-cap-mb", type=float, default=512.0, help="byte cap of one fused collective, MB > 0 (default 512)")
     p.add_argument("--packing", choices=["auto", "cat", "inplace"], default="auto",
                    help="fused-collective packing: zero-copy where producers allow (auto), always cat, or prefer in place")
     p.add_argument("--min-gain-us", type=float, default=1.0, help="a fork/join must save this much (default 1 us)")

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from .config import MAX_STREAMS, CompileConfig
 from .cost import DeviceProfile
-from .errors import PlanError
+from .errors import Loc, PlanError
 from .lang.loader import load_plan, parse_overrides
 from .tuning import (
     DEFAULT_DEVICE,
     check_limits,
+    check_variants,
     extern_note,
     gemm_shapes,
     match_tuning,
@@ -37,10 +38,11 @@ def resolve_compile_tuning(args, plan) -> tuple[dict, str]:
     path = getattr(args, "tuning", None)
     if path:
         tuning = read_tuning(path)
-        try:
-            check_limits(tuning, plan.tuned, str(path), plan.name)
+        try:  # the error's location names the file
+            check_limits(tuning, plan.tuned, "", plan.name)
+            check_variants(tuning, plan.regions, "", plan.name)
         except ValueError as exc:
-            raise PlanError.at(None, "schema", str(exc)) from None
+            raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
         return tuning, str(path)
     device = getattr(args, "device_name", None) or DEFAULT_DEVICE
     if device == "none":
@@ -75,6 +77,9 @@ def config_from_args(args, plan=None) -> CompileConfig:
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
     if args.streams is not None and not 1 <= args.streams <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
         raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {args.streams}")
+    if not 0 < args.bucket_cap_mb < float("inf"):  # NaN fails too; 0 would make every bucket too big
+        raise PlanError.at(None, "schema", f"--bucket-cap-mb must be a finite number > 0, got {args.bucket_cap_mb}",
+                           "to turn collective fusion off, use --disable-pass fuse-collectives")
     if not (args.min_gain_us >= 0 and args.min_gain_us != float("inf")):  # NaN fails the first test
         raise PlanError.at(None, "schema", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
     return tuned_config(

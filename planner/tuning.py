@@ -17,8 +17,11 @@ rows and max_bytes of input take it, larger ones the all_reduce and a separate n
 (scripts/bench_allreduce_norm.py measures it; `planner tune` runs in one process).
 
 Validation is strict: an unknown key is an error naming the file and the key (a flat
-{"limit": N} file is refused, not ignored), and check_limits refuses a limit the plan does
-not declare. `planner compile --tuning F` reads "limits" into the gates and "measured" into
+{"limit": N} file is refused, not ignored), check_limits refuses a limit the plan does not
+declare and check_variants a "variants" record of a region or variant it does not have. Backend
+names are the executor's registry's (extensible: executors.backends.registry.register), so
+executors.tuning.check_backends checks them where a tuning is applied (build_executor,
+apply_tuning, `planner run --tuning`); `planner compile` reads no backend. `planner compile --tuning F` reads "limits" into the gates and "measured" into
 the cost model; build_executor(..., tuning=F) also lowers the gemm steps with "backends".
 
 Shipped tunings live in planner/tuned/*.json (package data, this format). With no tuning
@@ -37,10 +40,10 @@ import re
 from pathlib import Path
 
 from .cost import TUNABLE_KINDS, split_signature
-from .errors import Loc, PlanError
+from .errors import Loc, PlanError, did_you_mean
 
 __all__ = ["FORMAT_KEYS", "ALL_KEYS", "extern_note", "fusion_key", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
-           "read_tuning", "check_limits", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
+           "read_tuning", "check_limits", "check_variants", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
 
 FORMAT_KEYS = ("device", "date", "torch", "limits", "backends", "measured", "variants")
 ALL_KEYS = FORMAT_KEYS + ("cc", "versions", "candidates", "refinements", "fusion", "externs")
@@ -62,61 +65,67 @@ def new_tuning(device: str = "cpu", torch_version: str = "", date: str | None = 
             "torch": torch_version, "limits": {}, "backends": {}, "measured": {}, "variants": {}}
 
 
+def _bad(where: str, msg: str) -> ValueError:
+    """The error of a malformed tuning: `where: msg`, or msg alone where the caller locates it
+    (where == "": a located error names the file already)."""
+    return ValueError(f"{where}: {msg}" if where else msg)
+
+
 def validate_tuning(data, where: str = "tuning") -> dict:
-    """Check the structure; returns data. Raises ValueError naming the bad key."""
+    """Check the structure; returns data. Raises ValueError naming `where` (unless "") and the bad key."""
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: must be a JSON object")
+        raise _bad(where, "must be a JSON object")
     for k in data:
         if k not in ALL_KEYS:
             hint = " (tuned limits go under \"limits\")" if isinstance(data[k], int) else ""
-            raise ValueError(f"{where}: unknown key '{k}'{hint}; a tuning file has {', '.join(ALL_KEYS)}")
+            raise _bad(where, f"unknown key '{k}'{hint}; a tuning file has {', '.join(ALL_KEYS)}")
     for k in ("limits", "backends", "measured", "variants", "candidates", "versions", "fusion"):
         if k in data and not isinstance(data[k], dict):
-            raise ValueError(f"{where}: '{k}' must be an object")
+            raise _bad(where, f"'{k}' must be an object")
     for k in ("device", "date", "torch", "externs"):
         if k in data and not isinstance(data[k], str):
-            raise ValueError(f"{where}: '{k}' must be a string")
+            raise _bad(where, f"'{k}' must be a string")
     if "cc" in data and (isinstance(data["cc"], bool) or not isinstance(data["cc"], int)):
-        raise ValueError(f"{where}: 'cc' must be an integer (90 for sm_90), got {data['cc']!r}")
+        raise _bad(where, f"'cc' must be an integer (90 for sm_90), got {data['cc']!r}")
     if "refinements" in data and not isinstance(data["refinements"], list):
-        raise ValueError(f"{where}: 'refinements' must be a list")
+        raise _bad(where, "'refinements' must be a list")
     for k, v in data.get("versions", {}).items():
         if not isinstance(v, str):
-            raise ValueError(f"{where}: versions.{k} must be a string like \"2.11\", got {v!r}")
+            raise _bad(where, f"versions.{k} must be a string like \"2.11\", got {v!r}")
     for k, v in data.get("limits", {}).items():
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
-            raise ValueError(f"{where}: limits.{k} must be a non-negative integer below 2**63, got {v!r:.40}")
+            raise _bad(where, f"limits.{k} must be a non-negative integer below 2**63, got {v!r:.40}")
     for sec in ("variants", "candidates"):  # records of what planner tune timed: {key: {label: value}}
         for k, v in data.get(sec, {}).items():
             if not isinstance(v, dict):
-                raise ValueError(f"{where}: {sec}['{k}'] must be an object, got {v!r:.40}")
+                raise _bad(where, f"{sec}['{k}'] must be an object, got {v!r:.40}")
     for k, v in data.get("measured", {}).items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{where}: measured['{k}'] must be a finite non-negative number of us, got {v!r}")
+            raise _bad(where, f"measured['{k}'] must be a finite non-negative number of us, got {v!r}")
         if split_signature(k) is None:
-            raise ValueError(f"{where}: measured key '{k}' is not an op signature like"
+            raise _bad(where, f"measured key '{k}' is not an op signature like"
                              f" 'gemm:bf16:M=8,N=6144,K=7168' or 'extern:rope:M=16,...'")
     for k, v in data.get("backends", {}).items():
         if not isinstance(v, dict) or not isinstance(v.get("backend"), str):
-            raise ValueError(f"{where}: backends['{k}'] must be {{\"backend\": str, \"config\": object|null}}")
+            raise _bad(where, f"backends['{k}'] must be {{\"backend\": str, \"config\": object|null}}")
         if v.get("config") is not None and not isinstance(v["config"], dict):
-            raise ValueError(f"{where}: backends['{k}'].config must be an object or null")
+            raise _bad(where, f"backends['{k}'].config must be an object or null")
         bad = set(v) - {"backend", "config"}
         if bad:
-            raise ValueError(f"{where}: backends['{k}'] has unknown key '{sorted(bad)[0]}' (backend, config)")
+            raise _bad(where, f"backends['{k}'] has unknown key '{sorted(bad)[0]}' (backend, config)")
         sig = split_signature(k)
         if sig is None or (sig[0] != "gemm" and sig[0] not in TUNABLE_KINDS) or (sig[0] == "gemm" and parse_signature(k)
                                                                                 is None and ",sa=" not in sig[3]):
-            raise ValueError(f"{where}: backends key '{k}' is not an op signature like 'gemm:bf16:M=8,N=6144,K=7168'"
+            raise _bad(where, f"backends key '{k}' is not an op signature like 'gemm:bf16:M=8,N=6144,K=7168'"
                              f" or 'rmsnorm:bf16:M=16,N=7168'")
     for k, v in data.get("fusion", {}).items():
         if not _FUSION_KEY.match(k):
-            raise ValueError(f"{where}: fusion key '{k}' must look like all_reduce_add_rmsnorm:bf16:N=7168,W=8")
+            raise _bad(where, f"fusion key '{k}' must look like all_reduce_add_rmsnorm:bf16:N=7168,W=8")
         if not isinstance(v, dict) or set(v) - {"max_tokens", "max_bytes"} or "max_tokens" not in v:
-            raise ValueError(f"{where}: fusion['{k}'] must be {{\"max_tokens\": int, \"max_bytes\": int}}")
+            raise _bad(where, f"fusion['{k}'] must be {{\"max_tokens\": int, \"max_bytes\": int}}")
         for f, n in v.items():
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"{where}: fusion['{k}'].{f} must be a non-negative integer, got {n!r}")
+                raise _bad(where, f"fusion['{k}'].{f} must be a non-negative integer, got {n!r}")
     return data
 
 
@@ -134,10 +143,29 @@ def check_limits(data: dict, declared, where: str = "tuning", plan: str = "") ->
     the file and the key otherwise. Returns data."""
     for k in data.get("limits", {}):
         if k not in declared:
-            from .errors import did_you_mean
             hint = did_you_mean(k, list(declared))
-            raise ValueError(f"{where}: limits.{k}: plan '{plan}' declares no tuned limit '{k}'"
+            raise _bad(where, f"limits.{k}: plan '{plan}' declares no tuned limit '{k}'"
                              f" (declared: {sorted(declared)}){'; ' + hint if hint else ''}")
+    return data
+
+
+def check_variants(data: dict, regions: dict, where: str = "tuning", plan: str = "") -> dict:
+    """Every region of `data`'s "variants" record must be one of the plan's (regions: {id: Region}),
+    and each variant timed one of that region's; ValueError naming the file and the key otherwise."""
+    for rid, per_bucket in data.get("variants", {}).items():
+        if rid not in regions:
+            known = sorted(regions)
+            shown = ", ".join(known[:8]) + (f", ... ({len(known)} in all)" if len(known) > 8 else "")
+            hint = did_you_mean(rid, known)
+            raise _bad(where, f"variants['{rid}']: plan '{plan}' has no region '{rid}'"
+                       + (f" (regions: {shown})" if known else " (it has no gated regions)")
+                       + (f"; {hint}" if hint else ""))
+        names = [v.name for v in regions[rid].variants]
+        for bucket, times in per_bucket.items():
+            for name in times if isinstance(times, dict) else ():
+                if name not in names:
+                    raise _bad(where, f"variants['{rid}']['{bucket}']: region '{rid}' has no variant '{name}'"
+                               f" (variants: {', '.join(names)})")
     return data
 
 
@@ -237,16 +265,17 @@ def read_tuning(path: str | None) -> dict:
         data = json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise PlanError.at(Loc(str(path), exc.lineno, exc.colno), "io",
-                           f"cannot read tuning file {path}: {exc.msg}") from None
+                           f"cannot read the tuning file: {exc.msg}") from None
     except UnicodeDecodeError as exc:
-        raise PlanError.at(Loc(str(path)), "io", f"cannot read tuning file {path}: not UTF-8 text"
+        raise PlanError.at(Loc(str(path)), "io", "cannot read the tuning file: not UTF-8 text"
                            f" (byte {exc.start})") from None
     except _DuplicateKey as exc:
-        raise PlanError.at(Loc(str(path)), "dup", f"tuning file {path}: duplicate key '{exc.args[0]}'") from None
+        raise PlanError.at(Loc(str(path)), "dup", f"duplicate key '{exc.args[0]}' in the tuning file") from None
     except (OSError, RecursionError) as exc:
-        raise PlanError.at(Loc(str(path)), "io", f"cannot read tuning file {path}: {exc}") from None
+        raise PlanError.at(Loc(str(path)), "io", f"cannot read the tuning file: {getattr(exc, 'strerror', None) or exc}"
+                           ) from None
     try:
-        return validate_tuning(data, str(path))
+        return validate_tuning(data, "")  # the error's location names the file
     except ValueError as exc:
         raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
 

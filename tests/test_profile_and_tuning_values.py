@@ -72,5 +72,5 @@ weights:
   w: bf16[hidden, hidden]
 """)
     d = e.diagnostics[0]
-    assert "must end at its maximum 256" in d.message and "sizes 65..256 would have no bucket" in d.message
+    assert "must include its maximum 256" in d.message and "sizes 65..256 would have no bucket" in d.message
     assert d.loc is not None and d.loc.line == 4

@@ -36,6 +36,22 @@ def _compile_config(ns: dict, plan, device: str, rank: int = 0):
     return config_from_args(argparse.Namespace(**ns), plan)
 
 
+def _check_tuned_backends(path) -> None:
+    """--tuning's backend names against the registry (the planner knows only their families), so
+    a misspelt sub-backend exits 2 naming the file and key, as other tuning-file errors do."""
+    if not path:
+        return
+    from planner.errors import Loc
+    from planner.tuning import read_tuning
+
+    from ..errors import BuildError
+    from ..tuning import check_backends
+    try:
+        check_backends(read_tuning(path), "")
+    except BuildError as exc:
+        raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
+
+
 def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     from planner.lang.loader import load_plan
 
@@ -215,6 +231,7 @@ def cmd_run(args) -> int:
     ns = {k: v for k, v in vars(args).items() if k != "handler"}
     # tuning-file errors (unknown key, a limit the plan does not declare) exit 2 here, naming the file
     cfg = config_from_args(argparse.Namespace(**ns), plan)
+    _check_tuned_backends(getattr(args, "tuning", None))
     cp = compile_plan(load_plan(args.plan, overrides), cfg)  # compile errors exit 2 before spawning
     plan_warnings(cp, cfg)
     from ..resources import check_run

@@ -148,6 +148,7 @@ class Expander:
         self.instances: dict[str, int] = {}
         self.block_stack: list[str] = []
         self.globals: set = set()
+        self.empty_loops: list = []  # [(loc, 'VAR in EXPR', values)] of 'for' blocks that expanded to nothing
 
     # ------------------------------------------------------------ helpers
 
@@ -200,6 +201,7 @@ class Expander:
                 if "ops" not in item:
                     raise PlanError.at(src.loc(p), "schema", "a 'for' block needs 'ops'")
                 var, vals = self.loop_values(item["for"], env, src.value_loc(p + ("for",)))
+                before = len(out)
                 bud = current_budget()
                 for k, v in enumerate(vals):
                     try:
@@ -214,6 +216,8 @@ class Expander:
                     if len(out) + len(self.ops) > MAX_OPS:
                         raise PlanError.at(src.loc(p), "limit", f"plan expands to more than {MAX_OPS:,} ops"
                                            " (budget 'ops')")
+                if len(out) == before:  # kept to say why a plan whose ops are all in loops has none
+                    self.empty_loops.append((src.value_loc(p + ("for",)), item["for"], vals))
             else:
                 out.append(Entry(item, env, p if not keyed else path + (next(iter(item)),), src))
         return out
@@ -560,6 +564,10 @@ class Expander:
             from ..expr import Str
             if isinstance(v, Str):
                 return v.value
+            if k in ("dtype", "out_dtype"):
+                from ..shapes import DTYPES
+                raise PlanError.at(loc.shift(v.pos), "type", f"'{k}' must be a dtype name (got {unparse(v)});"
+                                   f" valid: {', '.join(DTYPES)}")
             raise PlanError.at(loc.shift(v.pos), "schema", f"'{k}' needs a name, got '{unparse(v)}'")
         if fk == STR:
             from ..expr import Str

@@ -27,7 +27,8 @@ from ..predicates import (
     simplify_gate,
 )
 from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, fmt_dim, unknown_dtype
-from .document import load_tree
+from .document import _TYPE_WORDS, load_tree
+from .expand import _FOR as _FOR_CLAUSE
 from .expand import IDENT, MAX_OPS, Expander
 from .yamlsrc import Source
 
@@ -243,10 +244,11 @@ def _dims(decls: dict, params: dict) -> dict[str, DimSpec]:
         else:
             buckets = _bucket_values(name, buckets, lo, hi, params, src, path + ("buckets",))
         if max(buckets) != hi:
-            # a bucket serves the sizes above the bucket before it: sizes past the last one would be
-            # served by none (never rated, never captured)
+            # a bucket serves the sizes above the bucket below it: sizes past the largest would be
+            # served by none (never rated, never captured). Buckets are a set (sorted, repeats
+            # dropped): expressions over params may order or coincide differently per --set
             raise PlanError.at(src.loc(path + ("buckets",)), "param",
-                               f"buckets of '{name}' must end at its maximum {hi} (the last is {max(buckets)}:"
+                               f"buckets of '{name}' must include its maximum {hi} (the largest is {max(buckets)}:"
                                f" sizes {max(buckets) + 1}..{hi} would have no bucket)",
                                f"add {hi} to the buckets, or end the range at {max(buckets)}")
         out[name] = DimSpec(name, lo, hi, sorted(set(buckets)))
@@ -480,14 +482,17 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
 
     from .expand import Scope
     top = Scope("", {n: n for n in tensors}, None)
-    outputs = []
-    for i, o in enumerate(root.outputs):
-        outputs += [n for n, _, _ in _expand_keys({o: None}, root_src, ("outputs", i), params, ex)]
+    outputs = _outputs(root, root_src, params, ex)
     entries = ex.flatten(root.ops, params, ("ops",), root_src) if root.ops is not None else []
     if root.variants is not None:
+        _no_outputs_in_ops(entries, outputs, ex)
         entries.append(_region_entry(root, root_src, params, outputs))
     if not entries:
-        raise PlanError.at(root_src.loc(()), "schema", "the plan has no 'ops' and no 'variants'")
+        raise _nothing_to_run(root, root_src, params, ex)
+    if not outputs:  # every op would be dead code: a plan that returns nothing runs nothing
+        where = root_src.loc(("outputs",)) if "outputs" in root.model_fields_set else root_src.loc(())
+        raise PlanError.at(where, "schema", "a plan needs at least one output", "list what the plan returns:"
+                           " outputs: [y]")
     ex.body(entries, top)
 
     declared = _streams(root, root_src)
@@ -498,10 +503,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         try:
             model = OP_MODELS[raw.d["op"]].model_validate(raw.d)  # the expander checked the kind
         except ValidationError as exc:
-            e = exc.errors()[0]
-            field = str(e["loc"][0]) if e["loc"] else "op"
-            word = {"missing": "is required", "extra_forbidden": "is not a field of this op"}.get(e["type"], e["msg"])
-            raise PlanError.at(raw.field_locs.get(field, raw.loc), "schema", f"{raw.d.get('op')}: '{field}' {word}") from None
+            raise _op_field_error(raw, exc) from None
         if model.stream is not None and not IDENT.fullmatch(model.stream):
             raise PlanError.at(raw.field_locs.get("stream", raw.loc), "stream",
                                f"stream name {model.stream!r} is not an identifier (e.g. main, aux, comm)")
@@ -538,6 +540,33 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     )
 
 
+_DTYPE_FIELDS = ("dtype", "out_dtype", "dtypes")
+
+
+def _shown(v) -> str:
+    """A YAML value as the plan wrote it (true, not True)."""
+    return str(v).lower() if isinstance(v, bool) or v is None else f"{v!r:.40}"
+
+
+def _op_field_error(raw, exc: ValidationError) -> PlanError:
+    """An op's field the model refuses, in the plan's words ('dtype' must be a string (got 3)),
+    at the field: a dtype field lists the dtypes."""
+    e = exc.errors()[0]
+    field = str(e["loc"][0]) if e["loc"] else "op"
+    loc = raw.field_locs.get(field, raw.loc)
+    got = f" (got {_shown(e['input'])})" if "input" in e and e["type"] not in ("missing", "extra_forbidden") else ""
+    if field in _DTYPE_FIELDS and got:
+        return PlanError.at(loc, "type", f"{raw.d.get('op')}: '{field}' must be a dtype name{got}; valid: "
+                            + ", ".join(DTYPES))
+    if e["type"] == "extra_forbidden":
+        word = "is not a field of this op"
+    elif e["type"] == "literal_error":
+        word = e["msg"].replace("Input should be", "must be")
+    else:
+        word = _TYPE_WORDS.get(e["type"], e["msg"][:1].lower() + e["msg"][1:])
+    return PlanError.at(loc, "schema", f"{raw.d.get('op')}: '{field}' {word}{got}")
+
+
 class _Union:
     """Names of `a` or `b` (membership without building the union; iteration only for a hint)."""
 
@@ -568,6 +597,51 @@ def _streams(root, src) -> list[str]:
     if not out or out[0] != "main":
         raise PlanError.at(src.loc(("streams",)), "stream", "'streams' must list main (the caller's stream) first")
     return out
+
+
+def _outputs(root, src, params, ex) -> list[str]:
+    """The plan's output names, expanded; each listed once (a repeat would be returned, and
+    counted, twice)."""
+    outputs, first = [], {}
+    for i, o in enumerate(root.outputs):
+        for n, _, _ in _expand_keys({o: None}, src, ("outputs", i), params, ex):
+            if n in first:
+                raise PlanError.at(src.loc(("outputs", i)), "dup", f"output '{n}' is listed twice"
+                                   f" (first at {first[n].line}:{first[n].col})")
+            first[n] = src.loc(("outputs", i))
+            outputs.append(n)
+    return outputs
+
+
+def _no_outputs_in_ops(entries, outputs, ex) -> None:
+    """With top-level 'variants', the variants make every plan output; top-level ops beside them
+    may make only what the variants read."""
+    for e in entries:
+        made = [n for n in ex.defined(e) if n in outputs]
+        if made:
+            raise PlanError.at(e.src.loc(e.path), "variant", f"'{made[0]}' is one of the plan's outputs, which its"
+                               " top-level 'variants' make (each variant makes every output); top-level 'ops' beside"
+                               " 'variants' may only make tensors the variants read",
+                               f"to gate only part of the plan, put a region in 'ops' ('- region: NAME' with"
+                               f" 'outputs' and 'variants') and make '{made[0]}' from its outputs")
+
+
+def _nothing_to_run(root, src, params, ex) -> PlanError:
+    """Why a plan has no op: no 'ops' at all, or ops whose 'for' loops expand to nothing."""
+    if root.ops is None:
+        return PlanError.at(src.loc(()), "schema", "the plan has no 'ops' and no 'variants'")
+    if not ex.empty_loops:
+        return PlanError.at(src.loc(("ops",)), "schema", "the plan's 'ops' list is empty")
+    # a loop over no values is the cause (an inner one is recorded before the outer loop around it);
+    # else a loop whose body makes nothing
+    loc, clause, vals = next((x for x in ex.empty_loops if not x[2]), ex.empty_loops[0])
+    m = _FOR_CLAUSE.match(clause)
+    used = sorted(n for n in free_names(parse(m.group(2))) if n in params) if m else []
+    given = f" ({', '.join(f'{n} = {params[n]!r:.60}' for n in used)})" if used else ""
+    why = f"runs over {vals!r:.80}" if not vals else f"runs over {vals!r:.80} but its 'ops' make nothing"
+    hint = ("a plan needs at least one op: give the loop values" + (f" (--set {used[0]}=...)" if used else "")
+            if not vals else None)
+    return PlanError.at(loc, "schema", f"the plan's ops expand to nothing: 'for: {clause}' {why}{given}", hint)
 
 
 def _region_entry(root, src, params, outputs):

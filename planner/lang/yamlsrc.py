@@ -156,7 +156,21 @@ def _check_depth(text: str, file: str) -> None:
         raise _yaml_error(exc, file, text) from None
 
 
+def _reader_error(exc: yaml.reader.ReaderError, file: str, text: str) -> PlanError:
+    """A character YAML refuses anywhere, at its line and column. The error's position is a byte
+    offset for libyaml and a character offset for PyYAML: the character itself is looked up."""
+    c = exc.character if isinstance(exc.character, int) else ord(exc.character)
+    at = text.find(chr(c))
+    loc = Loc(file, text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)) if at >= 0 else Loc(file)
+    name = " (NUL)" if c == 0 else ""
+    return PlanError.at(loc, "yaml", f"character U+{c:04X}{name} is not allowed in a plan: YAML text has no"
+                        " control characters besides tab, newline and carriage return",
+                        "delete it (an editor may not show it)")
+
+
 def _yaml_error(exc: yaml.YAMLError, file: str, text: str = "") -> PlanError:
+    if isinstance(exc, yaml.reader.ReaderError):
+        return _reader_error(exc, file, text)
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     loc = Loc(file, mark.line + 1, mark.column + 1) if mark else Loc(file)
     problem = getattr(exc, "problem", None) or str(exc)
