@@ -108,7 +108,7 @@ def cmd_validate(args) -> int:
         print(verify_failure(exc), file=sys.stderr)
         return 1
     dt = time.perf_counter() - t0
-    warnings = plan_warnings(cp, cfg)
+    warnings = plan_warnings(cp, cfg, dead_variants=True)
     if args.emit == "json":
         print(json.dumps({"ok": True, "plan": plan.name, "ops": counts["ops"], "regions": counts["regions"],
                           "planned": True, "warnings": warnings}))
@@ -118,16 +118,16 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def plan_warnings(cp, cfg, stream=None) -> list[str]:
+def plan_warnings(cp, cfg, stream=None, dead_variants: bool = False) -> list[str]:
     """What a compiled plan runs differently from what it says, one line each, also written to
-    `stream` as "warning: ...": pins folded onto main by a --streams bound, and variants that
-    never run."""
+    `stream` as "warning: ...": pins folded onto main by a --streams bound, model code dce
+    removed, and (dead_variants: validate, whose output has no report) variants that never run."""
     out = [f"{f['loc']}: {f['text']}" if f["loc"] else f["text"]
            for f in cp.report.get("assign-streams:folded", [])]
     out += [(f"{e['loc']}: " if e["loc"] else "") + f"extern '{e['id']}' ({e['fn']}) is removed: nothing reads its"
             " results (write effects=true to run model code for what it does beyond them)"
             for e in cp.report.get("dce:externs", [])]
-    out += _dead_variants(cp, cfg)
+    out += _dead_variants(cp, cfg) if dead_variants else []
     for w in out:
         print(f"warning: {w}", file=stream or sys.stderr)
     return out
