@@ -126,10 +126,13 @@ def bind_groups(plan_groups: dict[str, int], group) -> dict[str, Comm]:
     return out
 
 
-def check_shared_groups(cp, comms: dict[str, Comm]) -> None:
+def check_shared_groups(cp, comms: dict[str, Comm], device) -> None:
     """Plan groups bound to one process group are one communicator: the planner keeps each group's
-    collectives on one stream, and this holds the same across the names that share a group."""
+    collectives on one stream, and this holds the same across the names that share a group. On
+    CPU there are no streams (program order), so sharing is fine there."""
     from planner.ops import COLLECTIVES
+    if torch.device(device).type != "cuda":
+        return
     by_pg: dict[int, list[str]] = {}
     for name, c in comms.items():
         if c.pg is not None and c.size > 1:

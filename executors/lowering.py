@@ -31,6 +31,7 @@ from .dtypes import torch_dtype
 from .errors import BuildError
 from .executor import Executor, Step
 from .gating import compile_regions
+from .overlap import unshared
 from .streams import MAIN
 from .tuning import gemm_table, keyed_table, resolve_tuning, tuned_gemm, tuned_keyed
 from .weights import ROW, layout_gemm, layout_of_tensor, prepare_weights
@@ -196,7 +197,7 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if tuning_error is not None:
         raise tuning_error
     check_group_sizes(comms)
-    check_shared_groups(cp, comms)
+    check_shared_groups(cp, comms, device)
     externs = _check_externs(cp, externs, sorted({g.nodes[v]["op"].fn for v in cp.schedule
                                                   if g.nodes[v]["op"].op == "extern"}))
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
@@ -226,9 +227,41 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     return ex
 
 
+# ops whose result may be their input's memory at some sizes or bindings
+MAY_RETURN_INPUT = {"shard", "all_gather", "all_reduce", "reduce_scatter", "extern"}
+
+
+def overwritten(cp) -> set[str]:
+    """Tensors an in-place op writes over, with each region output's per-variant values."""
+    g = cp.graph
+    names = set()
+    for v in cp.schedule:
+        op = g.nodes[v]["op"]
+        if getattr(op, "inplace", False) is True and op.op != "cat":
+            names |= {getattr(op, f) for f in ("x", "residual") if getattr(op, f, None)}
+    todo = list(names)
+    while todo:
+        p = cp.tensors[todo.pop()].producer
+        op = g.nodes[p]["op"] if p in g else None
+        if op is not None and op.op == "select":
+            new = set(op.choices) - names
+            names |= new
+            todo += new
+    return names
+
+
+def _copy_if_shared(run):
+    """run, with a result that is an input's memory copied (executors.overlap.unshared)."""
+    def go(ins, b, out):
+        r = run(ins, b, out)
+        return r if out is not None else unshared(r, ins)
+    return go
+
+
 def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Step]:
     g = cp.graph
     table, keyed = gemm_table(tuning or {}), keyed_table(tuning or {})
+    written = overwritten(cp)
     steps = []
     for v in cp.schedule:
         d = g.nodes[v]
@@ -273,6 +306,8 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
                     got = tuned_allreduce_norm(op, bctx, tuning or {})
                 if got is not None:
                     st.run, st.backend = got
+            if op.op in MAY_RETURN_INPUT and written & set(op.out):  # an in-place write must not reach an input
+                st.run = _copy_if_shared(st.run)
         steps.append(st)
     _stream_fields(cp, steps)
     return steps

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["overlaps", "storage_key"]
+__all__ = ["overlaps", "storage_key", "unshared"]
 
 
 def storage_key(t: torch.Tensor) -> tuple:
@@ -62,3 +62,19 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.element_size() != b.element_size():
         return True
     return _boxes_meet(a, b)
+
+
+def unshared(results, ins):
+    """results (a tensor or a list) with each one that shares memory with an input or an earlier
+    result copied: for ops that hand back their input at some sizes (a shard without padding, a
+    collective over one rank, model code) whose result a later op overwrites in place."""
+    many = isinstance(results, (list, tuple))
+    seen = [x for x in ins if isinstance(x, torch.Tensor) and x.numel()]
+    out = []
+    for r in (results if many else [results]):
+        if isinstance(r, torch.Tensor) and r.numel():
+            if any(overlaps(r, x) for x in seen):
+                r = r.clone()
+            seen.append(r)
+        out.append(r)
+    return out if many else out[0]

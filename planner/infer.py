@@ -189,19 +189,20 @@ def infer_all(ops, tensors, params, dims, groups, probes, locs, field_locs):
 
 
 def _may_share(o, n, by_id, tensors, readers, outs, loc) -> None:
-    """An in-place operand made by an op that may hand back its input's memory: a region output
-    (select: whichever variant ran) or a shard (a view of x where no padding is needed). Every
-    tensor it may be must be one the write may change: made by the plan, not a view, read by no
-    other op, not a plan output."""
+    """An in-place operand that is a region output is whichever variant's value ran: each must be
+    one the write may change (made by the plan, not a view, read by no other op, not a plan
+    output). Ops that hand back their input only at some sizes (a shard without padding, a
+    collective over one rank, model code) are copied by the executor before such a write."""
     todo, seen = [(n, "")], {n}
     while todo:
         m, how = todo.pop()
         p = by_id.get(tensors[m].producer)
-        if p is None or p.op not in ("select", "shard"):
+        if p is None:
             continue
-        nxt = ([(c, f"variant '{v}' of region '{p.region}' makes it as '{c}'") for c, v in
-                zip(p.choices, p.variants or [""] * len(p.choices), strict=False)] if p.op == "select"
-               else [(p.x, f"shard '{p.id}' returns a view of '{p.x}' where no padding is needed")])
+        if p.op != "select":
+            continue
+        nxt = [(c, f"variant '{v}' of region '{p.region}' makes it as '{c}'") for c, v in
+               zip(p.choices, p.variants or [""] * len(p.choices), strict=False)]
         for c, why in nxt:
             if c in seen:
                 continue

@@ -459,6 +459,8 @@ class Slice(OpBase):
         if stop is not written_stop:
             self.stop = stop if isinstance(stop, int) else unparse(stop)
         length = ctx.simplify(Bin("-", _lift(stop), _lift(start)))
+        if self.stop is None and isinstance(written_start, int) and written_start < 0:
+            length = -written_start  # x[-k:] has k rows at every size (the bounds check said so)
         shape = list(t.shape)
         shape[d] = length
         contiguous = t.contiguous and (d == 0 or all(x == 1 for x in t.shape[:d]))

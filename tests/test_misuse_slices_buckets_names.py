@@ -135,3 +135,14 @@ def test_negative_sizes_an_op_makes_are_located_errors(tmp_path, op, want):
     d = diagnostic(tmp_path, f"outputs: [y]\nops:\n  - {op}\n")
     assert d.code == "shape" and want in d.message, d.message
     assert d.loc.line == 16, d.loc
+
+
+def test_the_last_rows_of_a_dynamic_dim_have_a_static_count(tmp_path):
+    plan = load(tmp_path, "outputs: [y]\nops:\n  - y: copy(x[-1:])\n", H)
+    assert plan.tensors["y"].shape == (1, 64)
+
+
+def test_world_size_zero_is_refused_not_taken_as_unset(tmp_path, capsys):
+    p = write(tmp_path, HEADER.lstrip("\n") + "outputs: [y]\nops:\n  - y: all_reduce(x, tp)\n")
+    assert main(["run", str(p), "--world-size", "0"]) == 2
+    assert "--world-size must be at least 1" in capsys.readouterr().err

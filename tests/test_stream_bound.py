@@ -71,3 +71,43 @@ def test_more_declared_streams_than_a_gpu_takes(tmp_path):
     names = ["main"] + [f"s{i}" for i in range(64)]
     e = error(tmp_path, f"streams: [{', '.join(names)}]\n" + body(SHARED, ROUTER), H)
     assert "a plan may declare 64 streams at most" in e.diagnostics[0].message
+
+
+EFFECTS = """
+plan: p
+dims:
+  num_tokens: 1..16
+inputs:
+  h: bf16[num_tokens, 4096]
+weights:
+  w: bf16[4096, 4096]
+outputs: [o1, o2]
+ops:
+""" + "".join(f"""  - region: r{i}
+    outputs: [o{i}]
+    variants:
+      - name: a
+        when: num_tokens <= 8
+        ops:
+          - g{i}: gemm(h, w, stream=main)
+          - e{i}: extern(kv{i}, h, shape=[num_tokens, 4096], cost_us=50{flag})
+          - o{i}: add(g{i}, e{i})
+      - name: b
+        ops:
+          - o{i}: copy(h)
+""" for i, flag in ((1, ""), (2, ", effects=true")))
+
+
+def test_a_scope_like_another_but_for_an_effects_extern_is_planned_on_its_own(tmp_path):
+    cp = compiled(tmp_path, EFFECTS, "")
+    st = streams(cp)
+    assert st["r1/a/e1"] == "aux" and st["r2/a/e2"] == "main", st
+
+
+def test_a_folded_pin_of_a_fused_all_reduce_and_norm_names_the_all_reduce(tmp_path, capsys):
+    head = HEADER.replace("  w2: bf16[16, hidden]\n", "  w2: bf16[16, hidden]\n  n: bf16[hidden]\n")
+    p = write(tmp_path, head.lstrip("\n") + "outputs: [y, r]\nops:\n  - a: all_reduce(x, tp, stream=aux2)\n"
+              "  - rr: copy(x)\n  - y, r: add_rmsnorm(a, rr, n)\n")
+    assert main(["compile", str(p), "--streams", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {p}:17:" in err and "pinned to aux2 -> main" in err, err

@@ -11,7 +11,6 @@ import torch
 
 from ..dims import dim_fn, shape_fn
 from ..dtypes import torch_dtype
-from ..overlap import overlaps
 from .registry import register
 
 __all__ = ["gemm_torch"]
@@ -136,17 +135,6 @@ def _call(op, fn, ins, **kw):
         raise
 
 
-def _fresh(r, ins):
-    """A result of model code that overlaps an argument's memory (lambda t: t, a reshape) or an
-    earlier result, as a copy: the planner takes an extern's results as new values, which later
-    ops may write in place."""
-    if not isinstance(r, torch.Tensor) or r.numel() == 0:
-        return r
-    if any(isinstance(x, torch.Tensor) and x.numel() and overlaps(r, x) for x in ins):
-        return r.clone()
-    return r
-
-
 @register("extern", "torch")
 def _extern(op, bctx):
     fn = bctx.extern(op.fn)
@@ -161,7 +149,7 @@ def _extern(op, bctx):
             want = shape(b)
             r = _call(op, fn, ins, out_shape=want, dtype=dt) if wants_shape else _call(op, fn, ins)
             _check_result(op, r, want, dt)
-            return _into(out, r) if out is not None else _fresh(r, ins)
+            return _into(out, r)
         return run
     n = len(results)
 
@@ -173,10 +161,7 @@ def _extern(op, bctx):
             raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}; the plan declares {n} results")
         for i, (t, want, dt) in enumerate(zip(r, wants, dts, strict=True)):
             _check_result(op, t, want, dt, f" as result {i}")
-        fresh = []
-        for t in r:
-            fresh.append(_fresh(t, list(ins) + fresh))
-        return fresh
+        return list(r)
     return run_many
 
 

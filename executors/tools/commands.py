@@ -198,7 +198,8 @@ def cmd_run(args) -> int:
     overrides = parse_overrides(args.overrides)
     plan = load_plan(args.plan, overrides)
     sizes = sorted({s for s in plan.groups.values() if s > 1})
-    world = args.world_size or math.lcm(*sizes, 1)  # every group size divides it: the smallest such world
+    need = math.lcm(*sizes, 1)  # every group size divides it: the smallest such world
+    world = need if args.world_size is None else args.world_size
     if world < 1:
         raise PlanError.at(None, "param", "--world-size must be at least 1")
     if world > MAX_LOCAL_RANKS:
@@ -211,12 +212,13 @@ def cmd_run(args) -> int:
             to = world  # the plan sized to the run: a group over every rank
             how = (f"--set {same[0]}={to}" if len(same) == 1 else f"--set one of {', '.join(same)}" if same
                    else "--set the param its size is made of")
+            ranks = f"{need} ranks" if need == size else f"{need} ranks (every group size divides it)"
             if size > world:
                 raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"
-                                   f" (run with {size} ranks, or {how})")
+                                   f" (run with {ranks}, or {how})")
             raise PlanError.at(None, "param", f"plan group '{name}' has size {size}, which does not divide"
                                f" --world-size {world}: each rank must sit in one block of {size} ranks"
-                               f" (run with a multiple of {size} ranks, or {how})")
+                               f" (run with {ranks}, or {how})")
     dims = _dim_args(args)
     if getattr(args, "timeline", None):  # can it be written: before the run, not after it
         existed = os.path.exists(args.timeline)

@@ -179,10 +179,11 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
 
 
 def _pin_loc(cp: Compiled, v: str):
-    """Where v's pin was written: a fused op's pin is its members' (fused_from)."""
+    """Where v's pin was written: a fused op's pin is its members' (fused_from; the all_reduce of
+    a fused all_reduce + norm comes first), not where the fused op's name was written."""
     locs = cp.plan.locs
     members = getattr(cp.graph.nodes[v]["op"], "fused_from", None) or []
-    return locs.get(v) or next((locs[m] for m in members if m in locs), None)
+    return next((locs[m] for m in members if m in locs), None) or locs.get(v)
 
 
 def _with_regions(cp, order, scopes, nodes, pinned, decided):
@@ -239,7 +240,7 @@ def _signature(g, nodes, buckets, costs, demand, pinned) -> tuple:
     rows = []
     for v in nodes:
         op = g.nodes[v]["op"]
-        rows.append((op.op, op.op == "extern" and not op.side_stream, pinned.get(v),
+        rows.append((op.op, op.op == "extern" and stays_on_main(op), pinned.get(v),
                      tuple(index[u] for u in g.predecessors(v) if u in index),
                      tuple(c[v] for c in costs), tuple(d[v] for d in demand) if demand else None))
     return tuple(tuple(sorted(b.items())) for b in buckets), tuple(rows)
