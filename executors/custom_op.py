@@ -48,7 +48,7 @@ import torch
 from planner.expr import Bin, Call, Name, Num, Unary, fold, parse
 
 from .dims import shape_fn
-from .dtypes import TORCH_DTYPES, torch_dtype
+from .dtypes import TORCH_DTYPES, plan_dtype, torch_dtype
 from .errors import InputError
 from .overlap import overlaps, storage_key
 
@@ -425,9 +425,10 @@ def check_out(ex, out, b: dict, inputs: dict):
         dst, shape = out[o], tuple(sym_eval(d, b) for d in spec.out_shape[o])
         if (not isinstance(dst, torch.Tensor) or tuple(dst.shape) != tuple(shape) or dst.dtype != spec.out_dtype[o]
                 or dst.device != ex.device):
-            got = f"{dst.dtype}{list(dst.shape)} on {dst.device}" if isinstance(dst, torch.Tensor) else type(dst).__name__
-            raise InputError(f"plan '{ex.plan.name}': out['{o}'] must be {spec.out_dtype[o]}{list(shape)} on"
-                             f" {ex.device}; got {got}")
+            got = (f"{plan_dtype(dst.dtype)}{list(dst.shape)} on {dst.device}" if isinstance(dst, torch.Tensor)
+                   else type(dst).__name__)
+            raise InputError(f"plan '{ex.plan.name}': out['{o}'] must be {plan_dtype(spec.out_dtype[o])}"
+                             f"{list(shape)} on {ex.device}; got {got}")
     others = [(f"out['{o}']", out[o]) for o in spec.outputs] + [(f"input '{n}'", t) for n, t in inputs.items()]
     for i, o in enumerate(spec.outputs):
         same = ex._weight_storage.get(storage_key(out[o]), ()) if out[o].numel() else ()  # usually none

@@ -95,6 +95,22 @@ class Executor:
         self.forced_piece: int | None = None  # a range run regardless of the call's dims (checks)
         self.last_piece: int | None = None
 
+    def __copy__(self):
+        return self.__deepcopy__({})
+
+    def __deepcopy__(self, memo):
+        # a copy would share this executor's torch op (torch.compile would run these weights),
+        # its kernels' workspaces and its communicators: build another one instead
+        raise TypeError(f"an executor of plan '{self.plan.name}' cannot be copied: it owns its torch op,"
+                        " device buffers and communicators; build one per model copy with"
+                        " build_executor(executor.compiled, weights, ...) (weights may be shared or loaded later"
+                        " with load_weights)")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"an executor of plan '{self.plan.name}' cannot be pickled: it holds device buffers,"
+                        " kernels and communicators; save the plan and the weights, and rebuild it with"
+                        " build_executor")
+
     # ------------------------------------------------------------ facts and variants
 
     def facts(self, inputs: dict, dims: dict | None = None, env: dict | None = None, capturing: bool | None = None) -> Facts:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from .dtypes import plan_dtype
+
 __all__ = ["ROW", "MMA_A", "PreparedWeights", "choose_layouts", "prepare_weights", "load_weights", "to_layout",
            "from_layout", "mma_a_matmul", "layout_of_tensor", "layout_gemm"]
 
@@ -189,8 +191,13 @@ def load_weights(ex, new: dict) -> None:
         dst = ex._weights.get(name)
         if dst is None:
             raise KeyError(f"plan '{ex.plan.name}' has no weight '{name}' (weights: {sorted(ex._weights)})")
+        if not isinstance(w, torch.Tensor):
+            raise ValueError(f"weight '{name}' must be a tensor, got {type(w).__name__}")
+        if w.is_meta:
+            raise ValueError(f"weight '{name}' is a meta tensor (a shape without data): load real values")
         if tuple(w.shape) != tuple(dst.shape) or w.dtype != dst.dtype:
-            raise ValueError(f"weight '{name}' must be {dst.dtype}{list(dst.shape)}, got {w.dtype}{list(w.shape)}")
+            raise ValueError(f"weight '{name}' must be {plan_dtype(dst.dtype)}{list(dst.shape)}, got"
+                             f" {plan_dtype(w.dtype)}{list(w.shape)}")
         with torch.no_grad():
             dst.copy_(to_layout(w.to(dst.device), ex.weight_layouts.get(name, ROW)))
 

@@ -234,3 +234,26 @@ def test_a_rank_killed_by_a_signal_is_reported_as_crashed():
     from executors.tools.ranks import RankFailure, run_ranks
     with pytest.raises(RankFailure, match="Crashed: the process died of SIGABRT"):
         run_ranks(_abort, 2, timeout_s=60)
+
+
+def test_an_executor_is_not_copied_or_pickled_silently(alias):
+    """A copy would share the executor's torch op: torch.compile of the copy ran the original's
+    weights. Copies and pickles are refused, saying how to make a second executor."""
+    import copy
+    import pickle
+    ex, wn = alias
+    for f in (copy.deepcopy, copy.copy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be (copied|pickled).*build_executor"):
+            f(ex)
+    ex2 = build_executor(ex.compiled, {"wn": wn * 3}, device="cpu")  # the way to a second one
+    x = torch.randn(3, 64).bfloat16()
+    assert torch.allclose(ex2(x=x, r=x)["n1"].float(), 3 * ex(x=x, r=x)["n1"].float(), rtol=0.02, atol=0.02)
+
+
+def test_load_weights_says_what_is_wrong_with_a_weight(alias):
+    from executors.weights import load_weights
+    ex, _ = alias
+    for bad, msg in ((torch.empty(64, device="meta", dtype=torch.bfloat16), "meta tensor"),
+                     ([1.0] * 64, "must be a tensor, got list"), (torch.zeros(32).bfloat16(), "must be bf16")):
+        with pytest.raises(ValueError, match=msg):
+            load_weights(ex, {"wn": bad})

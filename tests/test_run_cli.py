@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from executors import backends
@@ -85,3 +86,12 @@ def test_run_sets_any_dim(tmp_path, capsys):
         assert main(["run", str(p), *bad]) == 2
         err = capsys.readouterr().err
         assert words in err, err
+
+
+def test_run_on_cuda_without_cuda_is_an_input_error(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    assert main(["run", str(PLANS / "k3_sp_tail.yaml"), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: CUDA is not available here" in err and "Traceback" not in err

@@ -334,3 +334,25 @@ def test_timeline_cli(tmp_path, capsys, monkeypatch):
     assert main(["timeline", str(rec), "-o", str(tmp_path / "n.png")]) == 1
     assert (tmp_path / "n.svg").exists() and not (tmp_path / "n.png").exists()
     assert render_timeline(RECORDS, tmp_path / "m.png").suffix == ".svg"
+
+
+def test_every_op_kind_has_a_colour_of_its_own():
+    from planner.ops import OP_KINDS
+    from planner.viz.palette import KIND_COLORS, kind_color
+    missing = [k for k in OP_KINDS if k not in KIND_COLORS]
+    assert not missing, missing
+    fills = [kind_color(k)[0].lower() for k in OP_KINDS]
+    assert len(set(fills)) == len(fills), sorted(f for f in fills if fills.count(f) > 1)
+
+
+def test_timeline_busy_time_counts_overlapping_ops_once(tmp_path, capsys):
+    import json
+
+    from planner.cli import main
+    recs = [{"stream": "main", "op": "a", "kind": "gemm", "start_us": 0, "end_us": 3},
+            {"stream": "main", "op": "b", "kind": "add", "start_us": 2, "end_us": 4}]
+    p = tmp_path / "rec.json"
+    p.write_text(json.dumps(recs))
+    assert main(["timeline", str(p), "-o", str(tmp_path / "t.svg")]) == 0
+    svg = (tmp_path / "t.svg").read_text()
+    assert "main busy 4.0 us" in svg and "main busy 5.0" not in svg

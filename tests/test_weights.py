@@ -117,7 +117,7 @@ def test_inplace_preparation_and_load_weights_keep_one_copy_at_fixed_addresses()
     fresh = build_executor(compile_for_run(plan), new, device="cpu")
     for k, v in fresh(x=x).items():
         torch.testing.assert_close(ex(x=x)[k].float(), v.float(), rtol=1e-2, atol=1e-2)
-    with pytest.raises(ValueError, match="weight 'w_fb' must be torch.bfloat16"):
+    with pytest.raises(ValueError, match="weight 'w_fb' must be bf16"):
         load_weights(ex, {"w_fb": torch.zeros(3, 3)})
     with pytest.raises(KeyError, match="no weight 'w_nope'"):
         load_weights(ex, {"w_nope": torch.zeros(3, 3)})

@@ -202,6 +202,14 @@ def cmd_run(args) -> int:
     world = need if args.world_size is None else args.world_size
     if world < 1:
         raise PlanError.at(None, "param", "--world-size must be at least 1")
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise PlanError.at(None, "param", f"--device cuda: CUDA is not available here (torch {torch.__version__});"
+                               " run with --device cpu (gloo ranks)")
+        if torch.cuda.device_count() < world:
+            raise PlanError.at(None, "param", f"--device cuda: {world} ranks need {world} GPUs, this host has"
+                               f" {torch.cuda.device_count()}")
     if world > MAX_LOCAL_RANKS:
         what = "--world-size" if args.world_size else "the smallest world the group sizes " + ", ".join(map(str, sizes)) + " divide"
         raise PlanError.at(None, "param", f"{world} ranks ({what}) is more than planner run starts on one machine"

@@ -302,7 +302,7 @@ class _Builder:
         if op.op not in self.kinds:
             self.kinds.append(op.op)
         attrs = {"fillcolor": fill, "color": border, "tooltip": self.tooltip(v)}
-        if getattr(op, "fused_from", None):
+        if getattr(op, "fused_from", None) and op.op != "gemm_chain":  # the legend's "fused collective"
             attrs.update(peripheries="2", penwidth="2.5")
         elif op.op == "select":
             attrs.update(shape="box", style="rounded,filled,dashed")

@@ -28,6 +28,16 @@ KIND_COLORS: dict[str, tuple[str, str]] = {
     "view": ("#e5f5e0", "#5a9a4e"),
     "select": ("#f0f0f0", "#7f7f7f"),
     "extern": ("#d9d9d9", "#525252"),
+    # norms and activations (cyan and violet), fp8 quantize, the collectives added with them
+    "rmsnorm": ("#9edae5", "#17808f"),
+    "add_rmsnorm": ("#61c0cc", "#0b5561"),
+    "silu_and_mul": ("#dcc6f5", "#6a3fa0"),
+    "gelu_and_mul": ("#b99ae6", "#4b2a80"),
+    "mul": ("#f5c1a5", "#9a4a20"),
+    "rope": ("#d4e88c", "#667a10"),
+    "quantize": ("#a8b6f0", "#2f3f9a"),
+    "all_to_all": ("#f7a35c", "#a04a00"),
+    "all_reduce_add_rmsnorm": ("#f0c05a", "#8a6300"),
 }
 
 # for kinds added later: a stable pick from this list (crc32, not hash(), which is salted)

@@ -55,6 +55,16 @@ class Text:
     bold: bool = False
 
 
+
+def _covered(spans) -> float:
+    """Time covered by the union of (start, end) spans: ops overlapping on one stream count once."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
 def check_records(records) -> list[dict]:
     if not isinstance(records, list) or not records:
         raise TimelineError("no timeline records to draw")
@@ -143,7 +153,7 @@ def _layout(records, title: str):
     bottom = y
     ov = overlap_us(recs)
     ov_total = sum(b - a for a, b in ov)
-    busy = {s: sum(r["end_us"] - r["start_us"] for r in recs if r["stream"] == s) for s in streams}
+    busy = {s: _covered([(r["start_us"], r["end_us"]) for r in recs if r["stream"] == s]) for s in streams}
     height = bottom + 80
     shapes.append(Rect(0, 0, WIDTH, height, "#ffffff"))
     shapes.append(Text(LEFT, 22, title or "timeline", 15, bold=True))
