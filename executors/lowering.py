@@ -129,7 +129,10 @@ def _check_weights(cp, weights, device):
     missing = [w for w in plan.weights if w not in weights]
     extra = [w for w in weights if w not in plan.weights]
     if missing or extra:
-        raise BuildError(f"plan '{plan.name}' needs weights {missing} (missing); unexpected {extra}")
+        said = ([f"weights {missing} are missing"] if missing else []) + (
+            [f"{extra} {'is not a weight' if len(extra) == 1 else 'are not weights'} of the plan"
+             f" (its weights: {sorted(plan.weights) or 'none'})"] if extra else [])
+        raise BuildError(f"plan '{plan.name}': " + "; ".join(said))
     for name in plan.weights:
         t, spec = weights[name], plan.tensors[name]
         if all(isinstance(d, int) for d in spec.shape) and tuple(t.shape) != tuple(spec.shape):

@@ -257,3 +257,11 @@ def test_load_weights_says_what_is_wrong_with_a_weight(alias):
                      ([1.0] * 64, "must be a tensor, got list"), (torch.zeros(32).bfloat16(), "must be bf16")):
         with pytest.raises(ValueError, match=msg):
             load_weights(ex, {"wn": bad})
+
+
+def test_weights_that_are_not_the_plans_are_named_as_such(alias):
+    ex, wn = alias
+    with pytest.raises(BuildError, match=r"\['zz'\] is not a weight of the plan \(its weights: \['wn'\]\)"):
+        build_executor(ex.compiled, {"wn": wn, "zz": wn}, device="cpu")
+    with pytest.raises(BuildError, match=r"weights \['wn'\] are missing$"):
+        build_executor(ex.compiled, {}, device="cpu")

@@ -120,7 +120,7 @@ def test_build_errors_are_clear():
     plan = load_plan(KDA)
     cp = compile_for_run(plan)
     _, w = make_data(plan, {"num_tokens": 1}, seed=0, rank=0, device="cpu")
-    with pytest.raises(BuildError, match=r"needs weights \['w_fb'\]"):
+    with pytest.raises(BuildError, match=r"weights \['w_fb'\] are missing"):
         build_executor(cp, {"w_packed": w["w_packed"]}, device="cpu")
     with pytest.raises(BuildError, match="weight 'w_fb' has shape"):
         build_executor(cp, {**w, "w_fb": w["w_fb"][:5]}, device="cpu")
