@@ -118,6 +118,24 @@ def gemm_table(tuning: dict) -> dict:
     return by_shape
 
 
+def _gemm_backend_missing(backend: str) -> str | None:
+    """Why a tuned bf16 gemm backend cannot run in this process (its library is absent, or the
+    GPU too old), or None. A tuning measured elsewhere may name one: its sizes then run the
+    registry's choice instead of failing at the first call."""
+    if backend == "torch":
+        return None
+    if backend == "cute":
+        from . import cute
+        return None if cute.available() else "the CuTe DSL is not importable here or the GPU is older than sm_90"
+    if backend.startswith("flashinfer"):
+        try:
+            import flashinfer  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - any import failure means "cannot"
+            return f"flashinfer is not importable ({type(exc).__name__})"
+        return None
+    return None  # an unknown name is the runner's error (check_backends names it first)
+
+
 def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
     """(runner, backend label) of a bf16 gemm op with tuned entries for its (dtype, N, K), or None.
     A call with M uses the entry of the smallest tuned M >= M (the bucket its graph was
@@ -130,17 +148,24 @@ def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
     if not entries or op.out_dtype not in (None, a_spec.dtype):
         return None
     dt = torch_dtype(op.out_dtype or a_spec.dtype)
-    runners = {m: gemm_runner(e["backend"], e.get("config"), dt) for m, e in entries.items()}
-    ms = sorted(runners)
+    missing = {b: _gemm_backend_missing(b) for b in {e["backend"] for e in entries.values()}}
+    usable = {m: e for m, e in entries.items() if missing[e["backend"]] is None}
+    if not usable:
+        return None
+    runners = {m: gemm_runner(e["backend"], e.get("config"), dt) for m, e in usable.items()}
+    ms = sorted(entries)
     maxm = ms[-1]
-    lut = [runners[next(x for x in ms if x >= mm)] for mm in range(maxm + 1)]
+    fb = lambda a, w, out: fallback((a, w), None, out)  # noqa: E731 - sizes whose backend is absent here
+    lut = [runners.get(next(x for x in ms if x >= mm), fb) for mm in range(maxm + 1)]
 
     def run(ins, b, out, lut=lut, maxm=maxm, orig=fallback):
         m = ins[0].shape[0]
         if m > maxm:
             return orig(ins, b, out)
         return lut[m](ins[0], ins[1], out)
-    return run, "tuned:" + ",".join(sorted({e["backend"] for e in entries.values()}))
+    label = "tuned:" + ",".join(sorted({e["backend"] for e in usable.values()}))
+    gone = sorted(b for b, why in missing.items() if why)
+    return run, label + (f" ({', '.join(gone)} absent here: the registry's choice there)" if gone else "")
 
 
 def keyed_table(tuning: dict) -> dict:
@@ -168,20 +193,28 @@ def tuned_keyed(op, specs, params, dims, table: dict, fallback, bctx):
     entries = table.get(signature_key(op, specs, {**params, **{d: 1 for d in dims}}))
     if not entries:
         return None
-    made = {}
+    made, gone = {}, set()
+    device = getattr(getattr(bctx, "device", None), "type", "cuda")
     for e in entries.values():
         impl = impl_of(op.op, e["backend"])
         if impl is None:
             raise BuildError(f"tuning names backend '{e['backend']}' for {op.op}, which has none of that name")
-        if e["backend"] not in made:
-            made[e["backend"]] = impl.make(op, bctx)
+        if e["backend"] in made or e["backend"] in gone:
+            continue
+        if impl.supports(op, specs, device) is not None:  # measured where it ran; not here
+            gone.add(e["backend"])
+            continue
+        made[e["backend"]] = impl.make(op, bctx)
+    if not made:
+        return None
     ms = sorted(entries)
-    lut = [made[entries[next(x for x in ms if x >= mm)]["backend"]] for mm in range(ms[-1] + 1)]
+    lut = [made.get(entries[next(x for x in ms if x >= mm)]["backend"], fallback) for mm in range(ms[-1] + 1)]
 
     def run(ins, b, out, lut=lut, orig=fallback):
         m = ins[0].shape[0]
         return orig(ins, b, out) if m >= len(lut) else lut[m](ins, b, out)
-    return run, "tuned:" + ",".join(sorted(made))
+    return run, "tuned:" + ",".join(sorted(made)) + (f" ({', '.join(sorted(gone))} cannot run here: the registry's"
+                                                     " choice there)" if gone else "")
 
 
 def apply_tuning(ex, tuning) -> int:

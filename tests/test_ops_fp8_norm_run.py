@@ -296,3 +296,26 @@ def test_cute_fp8_registration_against_its_api(plan_path, monkeypatch):
     explicit = _cute_gemm(op.model_copy(update={"backend": "cute"}), SimpleNamespace(specs=cp.tensors, params={}))
     with pytest.raises(RuntimeError, match="backend cute cannot run this fp8 gemm"):
         explicit([xq, w["wq"], sx, w["sq"]], {}, None)
+
+
+def test_tuned_backends_that_cannot_run_here_leave_those_sizes_to_the_registry(plan_path):
+    """A tuning measured on a GPU (flashinfer norms, CuTe gemms) applied where those libraries
+    or that GPU are absent: the build succeeds, those sizes run the registry's choice, the
+    backend label says so, and the results are the reference's."""
+    from planner.lang.loader import load_plan as _load
+    plan = _load(plan_path)
+    w = make_data(plan, {"num_tokens": 4}, 0, 0, "cpu")[1]
+    cp = compile_plan(_load(plan_path))
+    n, k = 512, 256  # the bf16 gemm gu (wg)
+    tuning = {"limits": {}, "measured": {}, "variants": {}, "backends": {
+        "rmsnorm:bf16:M=4,N=256": {"backend": "flashinfer", "config": None},
+        f"gemm:bf16:M=4,N={n},K={k}": {"backend": "cute", "config": None},
+        f"gemm:bf16:M=8,N={n},K={k}": {"backend": "torch", "config": None}}}
+    ex = build_executor(cp, w, externs=default_externs(plan), tuning=tuning, device="cpu")
+    ref = build_executor(compile_plan(_load(plan_path)), w, externs=default_externs(plan), device="cpu")
+    labels = set(ex.backends.values())
+    assert any("cute absent here" in str(b) for b in labels), labels
+    for m in (3, 4, 7):
+        ins = make_data(plan, {"num_tokens": m}, 2, 0, "cpu")[0]
+        got, want = ex(dims={"num_tokens": m}, **ins), ref(dims={"num_tokens": m}, **ins)
+        assert all(torch.equal(got[o], want[o]) for o in want), m
