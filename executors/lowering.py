@@ -304,7 +304,7 @@ def _lower_steps(cp, bctx, device, prefs, tuning=None, layouts=None) -> list[Ste
             else:  # measured backend per M (planner tune), chosen here once
                 got = tuned_keyed(op, specs, bctx.params, bctx.dims, keyed, st.run, bctx)
                 if got is None and op.op == "gemm":
-                    got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run)
+                    got = tuned_gemm(op, specs[0], specs[1], bctx.params, table, st.run, device.type)
                 if got is None and op.op == "all_reduce_add_rmsnorm":  # the tuned fused-kernel limit
                     got = tuned_allreduce_norm(op, bctx, tuning or {})
                 if got is not None:

@@ -118,25 +118,20 @@ def gemm_table(tuning: dict) -> dict:
     return by_shape
 
 
-def _gemm_backend_missing(backend: str) -> str | None:
-    """Why a tuned bf16 gemm backend cannot run in this process (its library is absent, or the
-    GPU too old), or None. A tuning measured elsewhere may name one: its sizes then run the
-    registry's choice instead of failing at the first call."""
-    if backend == "torch":
-        return None
-    if backend == "cute":
-        from . import cute
-        return None if cute.available() else "the CuTe DSL is not importable here or the GPU is older than sm_90"
-    if backend.startswith("flashinfer"):
-        try:
-            import flashinfer  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - any import failure means "cannot"
-            return f"flashinfer is not importable ({type(exc).__name__})"
-        return None
-    return None  # an unknown name is the runner's error (check_backends names it first)
+def _gemm_backend_missing(backend: str, op, specs, device: str) -> str | None:
+    """Why a tuned bf16 gemm backend cannot run here (its library absent, a CPU, an older GPU),
+    or None: the registry's capability check of that backend. A tuning measured elsewhere may
+    name one: its sizes then run the registry's choice instead of failing at the first call."""
+    impl = impl_of("gemm", backend)
+    if impl is None:
+        return None  # an unknown name is the runner's error (check_backends names it first)
+    try:
+        return impl.supports(op, specs, device)
+    except Exception as exc:  # noqa: BLE001 - a failing checker means "cannot run"
+        return f"capability check failed: {exc}"
 
 
-def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
+def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback, device: str = "cuda"):
     """(runner, backend label) of a bf16 gemm op with tuned entries for its (dtype, N, K), or None.
     A call with M uses the entry of the smallest tuned M >= M (the bucket its graph was
     captured at); above every tuned M, `fallback` (the registry's choice) runs. Scaled fp8
@@ -148,7 +143,7 @@ def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
     if not entries or op.out_dtype not in (None, a_spec.dtype):
         return None
     dt = torch_dtype(op.out_dtype or a_spec.dtype)
-    missing = {b: _gemm_backend_missing(b) for b in {e["backend"] for e in entries.values()}}
+    missing = {b: _gemm_backend_missing(b, op, [a_spec, w_spec], device) for b in {e["backend"] for e in entries.values()}}
     usable = {m: e for m, e in entries.items() if missing[e["backend"]] is None}
     if not usable:
         return None
@@ -165,7 +160,7 @@ def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback):
         return lut[m](ins[0], ins[1], out)
     label = "tuned:" + ",".join(sorted({e["backend"] for e in usable.values()}))
     gone = sorted(b for b, why in missing.items() if why)
-    return run, label + (f" ({', '.join(gone)} absent here: the registry's choice there)" if gone else "")
+    return run, label + (f" ({', '.join(gone)} cannot run here: the registry's choice there)" if gone else "")
 
 
 def keyed_table(tuning: dict) -> dict:
@@ -238,7 +233,7 @@ def apply_tuning(ex, tuning) -> int:
         base = getattr(st, "base_run", None) or st.run
         got = tuned_keyed(op, specs, params, ex.plan.dims, keyed, base, bctx)
         if got is None and st.kind == "gemm":
-            got = tuned_gemm(op, specs[0], specs[1], params, table, base)
+            got = tuned_gemm(op, specs[0], specs[1], params, table, base, ex.device.type)
         if got is None:
             continue
         st.run, st.backend = got

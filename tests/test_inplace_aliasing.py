@@ -152,3 +152,20 @@ def test_model_code_run_for_its_effects_is_kept_and_unread_model_code_is_a_warni
     assert f"warning: {p}:15:8: extern" in err and "(kv_write) is removed: nothing reads its results (write effects=true" in err
     d = diagnostic(tmp_path / "c", body.format(flag=", effects=true, stream=aux"), H)
     assert "effects=true keeps this code on the caller's stream (main)" in d.message
+
+
+def test_a_plan_that_only_writes_state_needs_no_outputs(tmp_path):
+    body = "ops:\n  - _: extern(kv_write, h, res, shape=[1], effects=true)\n"
+    plan = load(tmp_path, body, H)
+    seen = []
+
+    def kv_write(h, cache):
+        cache[: h.shape[0]].copy_(h)
+        seen.append(h.shape[0])
+        return torch.zeros(1).bfloat16()
+    ex = build_executor(compile_plan(plan), {"n": torch.ones(64, dtype=torch.bfloat16)}, device="cpu",
+                        externs={"kv_write": kv_write})
+    h, cache = torch.randn(3, 64).bfloat16(), torch.zeros(3, 64).bfloat16()
+    assert ex(h=h, res=cache) == {} and seen == [3] and torch.equal(cache, h)
+    d = diagnostic(tmp_path / "b", body.replace(", effects=true", ""), H)
+    assert "a plan needs at least one output (or model code run for its effects" in d.message

@@ -309,13 +309,14 @@ def test_tuned_backends_that_cannot_run_here_leave_those_sizes_to_the_registry(p
     n, k = 512, 256  # the bf16 gemm gu (wg)
     tuning = {"limits": {}, "measured": {}, "variants": {}, "backends": {
         "rmsnorm:bf16:M=4,N=256": {"backend": "flashinfer", "config": None},
+        f"gemm:bf16:M=2,N={n},K={k}": {"backend": "flashinfer:cutlass", "config": None},
         f"gemm:bf16:M=4,N={n},K={k}": {"backend": "cute", "config": None},
         f"gemm:bf16:M=8,N={n},K={k}": {"backend": "torch", "config": None}}}
     ex = build_executor(cp, w, externs=default_externs(plan), tuning=tuning, device="cpu")
     ref = build_executor(compile_plan(_load(plan_path)), w, externs=default_externs(plan), device="cpu")
     labels = set(ex.backends.values())
-    assert any("cute absent here" in str(b) for b in labels), labels
-    for m in (3, 4, 7):
+    assert any("(cute, flashinfer:cutlass cannot run here" in str(b) for b in labels), labels
+    for m in (1, 3, 4, 7):
         ins = make_data(plan, {"num_tokens": m}, 2, 0, "cpu")[0]
         got, want = ex(dims={"num_tokens": m}, **ins), ref(dims={"num_tokens": m}, **ins)
         assert all(torch.equal(got[o], want[o]) for o in want), m

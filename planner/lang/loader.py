@@ -489,11 +489,12 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         entries.append(_region_entry(root, root_src, params, outputs))
     if not entries:
         raise _nothing_to_run(root, root_src, params, ex)
-    if not outputs:  # every op would be dead code: a plan that returns nothing runs nothing
-        where = root_src.loc(("outputs",)) if "outputs" in root.model_fields_set else root_src.loc(())
-        raise PlanError.at(where, "schema", "a plan needs at least one output", "list what the plan returns:"
-                           " outputs: [y]")
     ex.body(entries, top)
+    # a plan that returns nothing runs only model code kept for its effects; without any, nothing
+    if not outputs and not any(r.d.get("op") == "extern" and r.d.get("effects") is True for r in ex.ops):
+        where = root_src.loc(("outputs",)) if "outputs" in root.model_fields_set else root_src.loc(())
+        raise PlanError.at(where, "schema", "a plan needs at least one output (or model code run for its"
+                           " effects: extern(..., effects=true))", "list what the plan returns: outputs: [y]")
 
     declared = _streams(root, root_src)
     ops = []
