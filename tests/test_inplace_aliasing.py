@@ -169,3 +169,19 @@ def test_a_plan_that_only_writes_state_needs_no_outputs(tmp_path):
     assert ex(h=h, res=cache) == {} and seen == [3] and torch.equal(cache, h)
     d = diagnostic(tmp_path / "b", body.replace(", effects=true", ""), H)
     assert "a plan needs at least one output (or model code run for its effects" in d.message
+
+
+def test_collectives_whose_results_are_written_in_place_are_not_packed(tmp_path):
+    """Packed, each result would be a view of the packed buffer, which an in-place norm may not
+    write (it was an internal verify error)."""
+    from planner.config import CompileConfig
+    head = H.replace("tp_size: 1", "tp_size: 2").replace("  n: bf16[64]\n", "  n: bf16[64]\n  w: bf16[64, 64]\n")
+    body = ("outputs: [out]\nops:\n  - a: gemm(h, w)\n  - b: gemm(res, w)\n  - ra: all_reduce(a, tp)\n"
+            "  - rb: all_reduce(b, tp)\n  - y, r: add_rmsnorm(ra, rb, n, inplace=true)\n  - z: add(a, b)\n"
+            "  - out: add(y, z)\n")
+    cp = compile_plan(load(tmp_path, body, head), CompileConfig(disable_passes={"fuse-allreduce-norm"},
+                                                                verify_each=True))
+    rep = cp.report["fuse-collectives"]
+    assert not rep["buckets"]
+    assert {"ops": ["ra", "any collective"], "reason": "its result 'ra' is overwritten in place by 'y'"} \
+        in rep["not_fused"]

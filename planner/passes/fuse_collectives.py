@@ -75,6 +75,18 @@ def _key(cp: Compiled, v: str):
             pin_target(cp.plan, op), d["ctx"])
 
 
+def _written_in_place(g) -> dict[str, str]:
+    """{tensor: the op that overwrites it} for in-place norms (add_rmsnorm inplace=true)."""
+    out = {}
+    for v, d in g.nodes(data=True):
+        op = d["op"]
+        if getattr(op, "inplace", False) is True and op.op != "cat":
+            for f in ("x", "residual"):
+                if getattr(op, f, None):
+                    out[getattr(op, f)] = v
+    return out
+
+
 def _why_differs(cp: Compiled, u: str, v: str, k1, k2) -> str:
     names = ["kind", "process group", "dim", "dtype", "reduction", "backend", "stream pin", "variant context"]
     for n, a, b in zip(names, k1, k2, strict=True):
@@ -104,6 +116,13 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     a2a = [v for v in order if g.nodes[v]["op"].op == "all_to_all"]
     report = {"before": len(cands) + len(a2a), "after": len(cands) + len(a2a), "buckets": [], "not_fused": []}
     cp.report[NAME] = report
+    # a result written in place must stay a buffer of its own: unpacked, it would be a view
+    writes = _written_in_place(g)
+    for v in [v for v in cands if set(g.nodes[v]["op"].out) & set(writes)]:
+        o = next(n for n in g.nodes[v]["op"].out if n in writes)
+        report["not_fused"].append({"ops": [v, "any collective"],
+                                    "reason": f"its result '{o}' is overwritten in place by '{writes[o]}'"})
+        cands.remove(v)
     for v in a2a:
             report["not_fused"].append({"ops": [v, "any collective"],
                                         "reason": "all_to_all is never fused (per-peer chunks would interleave)"})
