@@ -2,7 +2,7 @@
 
 Pre: dce ran. Post: collectives of the same kind, process group, dim, dtype,
 reduction (sum and avg never merge), stream pin (the fused collective keeps it) and
-variant context with no path between them, within the byte cap,
+variant context with no path between them, whose results no op overwrites in place, within the byte cap,
 and whose merge does not delay any member past its slack on the critical path,
 are replaced by   pack (cat) -> one collective -> unpack (split into the
 original output names). Readers are unchanged. Every rank compiles the same
