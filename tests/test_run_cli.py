@@ -95,3 +95,19 @@ def test_run_on_cuda_without_cuda_is_an_input_error(capsys):
     assert main(["run", str(PLANS / "k3_sp_tail.yaml"), "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "--device cuda: CUDA is not available here" in err and "Traceback" not in err
+
+
+def test_run_takes_the_tuning_files_backends_and_checks_against_torch(tmp_path, capsys):
+    """--tuning F reaches the executor whole (its backends, not only its limits); the reference
+    it is checked against takes the limits but stays on torch."""
+    from planner.cli import main as cli
+    plan = tmp_path / "p.yaml"
+    plan.write_text("plan: p\ndims:\n  num_tokens: 1..8\ninputs:\n  x: bf16[num_tokens, 64]\nweights:\n"
+                    "  w: bf16[32, 64]\noutputs: [y]\nops:\n  - y: gemm(x, w)\n")
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"device": "x", "date": "2026", "torch": "2", "limits": {}, "measured": {},
+                             "variants": {}, "backends": {"gemm:bf16:M=8,N=32,K=64": {"backend": "torch",
+                                                                                        "config": None}}}))
+    assert cli(["run", str(plan), "--tuning", str(t), "--check", "--num-tokens", "5", "--emit", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] and rep["ranks"][0]["backends"] == ["tuned:torch"], rep["ranks"][0]

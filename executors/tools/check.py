@@ -235,8 +235,9 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
                               "max_abs_err": None, "ok": None, "exact": None} for n, t in outs.items()]
         return report
     rcp = reference_compiled(ref_plan)
+    # the reference takes the tuning's limits (the same variants) but none of its backends: torch
     ref = build_executor(rcp, weights, group=group, device=device, externs=ext, backend_prefs=("torch",),
-                         tuning=tuning)
+                         tuning={"limits": dict(ex.tuned)})
     routs = ref(dims=b, **inputs)
     report["ref_variants"] = dict(ref.last_variants)
     precision = computed_in(rcp)

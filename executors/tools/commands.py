@@ -58,9 +58,9 @@ def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     from .check import run_check
     cfg = _compile_config(ns, load_plan(path, overrides), device, rank)
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
-    # the executor's tuning: --tuning's limits; without it build_executor matches this device's
-    # shipped tuning itself (backends and limits; none on a CPU)
-    tuning = dict(cfg.tuned) if ns.get("tuning") and cfg.tuned else None
+    # the executor's tuning: the --tuning file (its backends and limits); without it build_executor
+    # matches this device's shipped tuning itself (none on a CPU)
+    tuning = ns["tuning"] if ns.get("tuning") else None
     groups = run_groups(load_plan(path, overrides).groups, world)
     report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
                        compare=check, config=cfg, tuning=tuning, group=groups)
