@@ -44,7 +44,7 @@ class PlanDoc(BaseModel):
     variants: list[dict] | None = None
 
 
-_TYPE_WORDS = {
+TYPE_WORDS = {
     "missing": "is required", "extra_forbidden": "is not a known field",
     "string_type": "must be a string", "int_type": "must be an integer",
     "int_parsing": "must be an integer", "list_type": "must be a list", "dict_type": "must be a mapping",
@@ -61,7 +61,7 @@ def pydantic_error(exc: ValidationError, src: Source, base: tuple, model_fields=
         if strip_tag and loc:
             loc = loc[1:]  # discriminated union puts the tag first
         field = ".".join(str(x) for x in loc) or "value"
-        word = _TYPE_WORDS.get(err["type"], err["msg"].lower())
+        word = TYPE_WORDS.get(err["type"], err["msg"].lower())
         hint = None
         if err["type"] == "extra_forbidden" and model_fields:
             hint = did_you_mean(str(loc[-1]), model_fields)

@@ -65,7 +65,7 @@ POSITIONAL = {
     "all_reduce_add_rmsnorm": ["x", "residual", "w", "group", "eps"],
 }
 _INTERP = re.compile(r"\{([^{}]*)\}")
-_FOR = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
+FOR_CLAUSE = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
 @dataclass
@@ -167,7 +167,7 @@ class Expander:
         return _INTERP.sub(sub, text)
 
     def loop_values(self, spec: str, env: dict, loc: Loc):
-        m = _FOR.match(spec) if isinstance(spec, str) else None
+        m = FOR_CLAUSE.match(spec) if isinstance(spec, str) else None
         if not m:
             raise PlanError.at(loc, "schema", f"'for:' needs 'VAR in EXPR', got {spec!r}")
         var, src = m.group(1), m.group(2)

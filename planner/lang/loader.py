@@ -27,9 +27,8 @@ from ..predicates import (
     simplify_gate,
 )
 from ..shapes import DTYPE_ALIASES, DTYPES, Probes, TensorSpec, fmt_dim, unknown_dtype
-from .document import _TYPE_WORDS, load_tree
-from .expand import _FOR as _FOR_CLAUSE
-from .expand import IDENT, MAX_OPS, Expander
+from .document import TYPE_WORDS, load_tree
+from .expand import FOR_CLAUSE, IDENT, MAX_OPS, Expander
 from .yamlsrc import Source
 
 __all__ = ["load_plan", "parse_overrides"]
@@ -564,7 +563,7 @@ def _op_field_error(raw, exc: ValidationError) -> PlanError:
     elif e["type"] == "literal_error":
         word = e["msg"].replace("Input should be", "must be")
     else:
-        word = _TYPE_WORDS.get(e["type"], e["msg"][:1].lower() + e["msg"][1:])
+        word = TYPE_WORDS.get(e["type"], e["msg"][:1].lower() + e["msg"][1:])
     return PlanError.at(loc, "schema", f"{raw.d.get('op')}: '{field}' {word}{got}")
 
 
@@ -636,7 +635,7 @@ def _nothing_to_run(root, src, params, ex) -> PlanError:
     # a loop over no values is the cause (an inner one is recorded before the outer loop around it);
     # else a loop whose body makes nothing
     loc, clause, vals = next((x for x in ex.empty_loops if not x[2]), ex.empty_loops[0])
-    m = _FOR_CLAUSE.match(clause)
+    m = FOR_CLAUSE.match(clause)
     used = sorted(n for n in free_names(parse(m.group(2))) if n in params) if m else []
     given = f" ({', '.join(f'{n} = {params[n]!r:.60}' for n in used)})" if used else ""
     why = f"runs over {vals!r:.80}" if not vals else f"runs over {vals!r:.80} but its 'ops' make nothing"
