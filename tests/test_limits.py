@@ -73,7 +73,7 @@ def test_params_in_reverse_order_are_linear(tmp_path):
     import time
 
     from planner.expr import budget
-    from planner.lang.loader import _eval_params
+    from planner.lang.sections import eval_params
     from planner.lang.yamlsrc import load_yaml
     from tests.hostile_plans import params_reverse
 
@@ -84,7 +84,7 @@ def test_params_in_reverse_order_are_linear(tmp_path):
         for _ in range(3):  # CPU time, best of 3: the machine is shared
             t0 = time.process_time()
             with budget():
-                params = _eval_params(decls, {})
+                params = eval_params(decls, {})
             best = min(best, time.process_time() - t0)
         assert params["p0"] == n + 1
         return best
