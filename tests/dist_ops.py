@@ -76,7 +76,7 @@ def mixed_groups(rank, world, num_tokens):
     from executors.collectives import GroupError
     from executors.lowering import build_executor
     from executors.tools.check import compile_for_run, make_data
-    from executors.tools.commands import run_groups
+    from executors.tools.ranks import run_groups
     from planner.lang.loader import load_plan
     load = lambda: load_plan("mixed.yaml", text=MIXED)  # noqa: E731
     plan = load()

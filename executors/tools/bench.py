@@ -184,14 +184,16 @@ def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nse
     bw0 = None if cpu else hbm_bandwidth()
     hi = {d: plan.dims[d].hi for d in plan.dims}
     exs, refs = [], []
+    from .ranks import run_groups
+    groups = run_groups(plan.groups, world)  # as planner run binds them: one process group per plan group
     for s in range(nsets):
         p = load()
         _, w = make_data(p, hi, seed=1000 + s, rank=rank, device=dev)
-        exs.append(tuned_executor(compile_plan(p), w, tuning, device=dev, externs=default_externs(p)))
+        exs.append(tuned_executor(compile_plan(p), w, tuning, device=dev, externs=default_externs(p), group=groups))
         rp = load()
         refs.append(tuned_executor(reference_compiled(rp), w, {"limits": (tuning or {}).get("limits", {})}
                                    if tuning else None, device=dev, externs=default_externs(rp),
-                                   backend_prefs=("torch",)))
+                                   backend_prefs=("torch",), group=groups))
     exact = _exactness(reference_compiled(load()))
     rows = []
     for t in tokens:

@@ -61,6 +61,7 @@ def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     # the executor's tuning: the --tuning file (its backends and limits); without it build_executor
     # matches this device's shipped tuning itself (none on a CPU)
     tuning = ns["tuning"] if ns.get("tuning") else None
+    from .ranks import run_groups
     groups = run_groups(load_plan(path, overrides).groups, world)
     report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
                        compare=check, config=cfg, tuning=tuning, group=groups)
@@ -69,22 +70,6 @@ def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
         if tl is not None:
             report["timeline"] = tl
     return report
-
-
-def run_groups(plan_groups: dict[str, int], world: int) -> dict | None:
-    """A process group of its own for each plan group over `world` ranks, as an engine binds
-    them: size == world, all ranks; a smaller size, rank-contiguous blocks of that size (this
-    rank's block); size 1, none. Every rank creates them in the plan's order. None: one rank."""
-    if world == 1:
-        return None
-    import torch.distributed as dist
-    out = {}
-    for name, size in plan_groups.items():
-        if size == world:
-            out[name] = dist.new_group(list(range(world)))
-        elif size > 1:
-            out[name], _ = dist.new_subgroups(group_size=size)
-    return out
 
 
 def _dim_args(args) -> dict:
@@ -377,7 +362,7 @@ def cmd_bench(args) -> int:
     dim = "num_tokens" if "num_tokens" in plan.dims else next(iter(plan.dims), None)
     tokens = parse_tokens(args.tokens, plan.dims[dim].buckets if dim else [])
     sizes = sorted({s for s in plan.groups.values() if s > 1})
-    world = args.world_size or (sizes[0] if len(sizes) == 1 else 1)
+    world = math.lcm(*sizes, 1) if args.world_size is None else args.world_size  # as planner run
     if not _gpu_or_exit():
         return 2
     res = bench_plan(args.plan, overrides, tokens, tuning=args.tuning, world=world, iters=args.iters,

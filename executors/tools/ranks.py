@@ -24,7 +24,7 @@ import traceback
 
 import torch.multiprocessing as mp
 
-__all__ = ["run_ranks", "RankFailure", "free_port"]
+__all__ = ["run_ranks", "RankFailure", "free_port", "run_groups"]
 
 # what a peer's collective says when another rank went away: a consequence, not a cause
 _TRANSPORT = re.compile(r"DistBackendError|DistNetworkError|gloo|nccl|NCCL|[Cc]onnection|closed|reset by peer|"
@@ -145,3 +145,19 @@ def run_ranks(fn, world_size: int, *args, backend: str = "gloo", timeout_s: floa
                 errors[r] = ("Stopped", why)
         raise RankFailure(errors, results, first)
     return [results[r] for r in range(world_size)]
+
+
+def run_groups(plan_groups: dict[str, int], world: int) -> dict | None:
+    """A process group of its own for each plan group over `world` ranks, as an engine binds
+    them: size == world, all ranks; a smaller size, rank-contiguous blocks of that size (this
+    rank's block); size 1, none. Every rank creates them in the plan's order. None: one rank."""
+    if world == 1:
+        return None
+    import torch.distributed as dist
+    out = {}
+    for name, size in plan_groups.items():
+        if size == world:
+            out[name] = dist.new_group(list(range(world)))
+        elif size > 1:
+            out[name], _ = dist.new_subgroups(group_size=size)
+    return out
