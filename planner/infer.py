@@ -237,7 +237,13 @@ def _nonnegative(op, s, probes, locs, field_locs) -> None:
                                + "; sizes must be >= 0 at every size the dims allow")
 
 
-def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
+def _exclusive(ctx_a, ctx_b) -> bool:
+    """Two ops in different variants of one region: at most one of them runs in a call."""
+    va = dict(ctx_a or ())
+    return any(r in va and va[r] != v for r, v in ctx_b or ())
+
+
+def check_inplace(ops, tensors, outputs, locs, field_locs, op_ctx=None) -> None:
     """Ops that overwrite inputs (add_rmsnorm inplace: true) must be their inputs' only readers:
     no other op may read them or a view of them, and they must not be plan outputs."""
     writers = [o for o in ops if getattr(o, "inplace", False) is True and o.op != "cat"]
@@ -257,6 +263,7 @@ def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
                 readers.setdefault(root(n), []).append(o.id)
     outs = {root(n) for n in outputs if n in tensors}
     by_id = {o.id: o for o in ops}
+    ctx = op_ctx or {}
     for o in writers:
         if o.op == "add_rmsnorm" and root(o.x) == root(o.residual):
             loc = field_locs.get(o.id, {}).get("residual") or locs.get(o.id)
@@ -267,7 +274,8 @@ def check_inplace(ops, tensors, outputs, locs, field_locs) -> None:
             n = getattr(o, field)
             loc = field_locs.get(o.id, {}).get(field) or locs.get(o.id)
             _may_share(o, n, by_id, tensors, readers, outs, loc)
-            others = [r for r in readers.get(n, []) if r != o.id]
+            # a reader in another variant of a region the writer's variant belongs to never runs beside it
+            others = [r for r in readers.get(n, []) if r != o.id and not _exclusive(ctx.get(o.id), ctx.get(r))]
             if others:
                 raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', which '{others[0]}'"
                                    " also reads; drop inplace or let this op be its last reader")

@@ -185,3 +185,39 @@ def test_collectives_whose_results_are_written_in_place_are_not_packed(tmp_path)
     assert not rep["buckets"]
     assert {"ops": ["ra", "any collective"], "reason": "its result 'ra' is overwritten in place by 'y'"} \
         in rep["not_fused"]
+
+
+EXCL = """
+outputs: [y, r]
+ops:
+  - a: add(h, h)
+  - rc: copy(res)
+{extra}  - region: norm
+    outputs: [y, r]
+    variants:
+      - name: fast
+        when: num_tokens <= 4
+        ops:
+          - y, r: add_rmsnorm(a, rc, n, inplace=true)
+      - name: slow
+        ops:
+          - {slow}
+"""
+
+
+def test_in_place_in_one_variant_beside_readers_in_the_others(tmp_path):
+    """Only one variant of a region runs per call: a reader in another variant never sees the
+    write. A reader outside the region, or in the same variant, still does."""
+    ok = EXCL.format(extra="", slow="y, r: add_rmsnorm(a, rc, n, inplace=true)")
+    plan = load(tmp_path / "a", ok, H)
+    ex = build_executor(compile_plan(plan), {"n": torch.ones(64, dtype=torch.bfloat16)}, device="cpu")
+    for t in (3, 9):
+        h, res = torch.randn(t, 64).bfloat16(), torch.randn(t, 64).bfloat16()
+        out = ex(h=h, res=res)
+        s = (h + h).float() + res.float()
+        want = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+        assert torch.allclose(out["y"].float(), want.float(), atol=0.05), t
+    load(tmp_path / "b", EXCL.format(extra="", slow="y, r: add_rmsnorm(add(a, a), rc, n)"), H)
+    d = diagnostic(tmp_path / "c", EXCL.format(extra="  - z: add(a, a)\n",
+                                               slow="y, r: add_rmsnorm(a, rc, n)").replace("[y, r]\nops", "[y, r, z]\nops", 1), H)
+    assert "inplace overwrites 'a', which 'z' also reads" in d.message, d.message

@@ -111,3 +111,21 @@ def test_run_takes_the_tuning_files_backends_and_checks_against_torch(tmp_path, 
     assert cli(["run", str(plan), "--tuning", str(t), "--check", "--num-tokens", "5", "--emit", "json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["ok"] and rep["ranks"][0]["backends"] == ["tuned:torch"], rep["ranks"][0]
+
+
+def test_a_mismatch_on_some_ranks_names_the_outputs_and_the_ranks():
+    import argparse
+
+    from executors.tools.commands import _table
+    out = {"name": "y", "shape": [2, 4], "dtype": "bfloat16", "max_abs_err": 0.0, "ok": True, "exact": True}
+
+    def rep(rank, bad):
+        return {"plan": "p", "rank": rank, "dims": {"num_tokens": 2}, "passes": [], "backends": ["torch"],
+                "variants": {}, "outputs": [out], "ok": not bad,
+                "checked": [{"forced": None, "ok": True, "bad": []},
+                            {"forced": {"r": "b"}, "ok": not bad, "bad": bad}]}
+    args = argparse.Namespace(device="cpu", seed=0, check=True)
+    text = _table([rep(0, []), rep(1, ["y"]), rep(2, ["y"])], 3, args)
+    assert "forced r=b: MISMATCH in y (rank 1, 2)" in text, text
+    text = _table([rep(0, ["y"]), rep(1, ["y"])], 2, args)
+    assert "forced r=b: MISMATCH in y\n" in text + "\n", text

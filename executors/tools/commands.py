@@ -300,7 +300,13 @@ def _table(reports: list[dict], world: int, args) -> str:
             if c.get("stream_plan"):
                 what = (f"{what}, stream plan of {c['stream_plan']}" if i == 0 else
                         f"stream plan of {c['stream_plan']} (forced)")
-            lines.append(f"  {what}: {'ok' if good else 'MISMATCH in ' + ', '.join(c['bad'])}")
+            if good:
+                lines.append(f"  {what}: ok")
+                continue
+            bad = {n: [r["rank"] for r in reports if n in r["checked"][i]["bad"]]
+                   for r in reports for n in r["checked"][i]["bad"]}
+            lines.append(f"  {what}: MISMATCH in " + ", ".join(
+                n + ("" if len(rk) == len(reports) else f" (rank {', '.join(map(str, rk))})") for n, rk in bad.items()))
     if args.check:
         ok = all(r["ok"] for r in reports)
         why = sorted({r.get("why") for r in reports if r.get("why")})

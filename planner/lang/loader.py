@@ -192,7 +192,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         if o not in tensors:
             raise PlanError.at(root_src.loc(("outputs", i)), "name", f"output '{o}' is never produced",
                                did_you_mean(o, tensors))
-    check_inplace(ops, tensors, outputs, locs, field_locs)
+    check_inplace(ops, tensors, outputs, locs, field_locs, op_ctx)
     regions = _regions(ex, params, dims, tuned, tensors, ops, op_ctx)
     return Plan(
         name=root.plan, file=root_src.file, params=params, dims=dims, groups=groups, tuned=tuned,
