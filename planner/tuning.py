@@ -166,7 +166,31 @@ def check_variants(data: dict, regions: dict, where: str = "tuning", plan: str =
                 if name not in names:
                     raise _bad(where, f"variants['{rid}']['{bucket}']: region '{rid}' has no variant '{name}'"
                                f" (variants: {', '.join(names)})")
+    zero = {k for k, v in data.get("limits", {}).items() if v == 0}
+    for rid, region in regions.items() if zero else ():
+        for v in region.variants:
+            hit = _divides_by(v.when, zero)
+            if hit:
+                loc = f" at {v.loc}" if getattr(v, "loc", None) else ""
+                raise _bad(where, f"limits.{hit}: 0, but the gate of variant '{v.name}' of region '{rid}'{loc}"
+                           f" divides by tuned.{hit} ({' '.join((v.when_src or '').split())})")
     return data
+
+
+def _divides_by(e, zero: set) -> str | None:
+    """The tuned limit in `zero` that gate `e` divides by (// / % or ceil_div's divisor), or None."""
+    from .expr import Bin, Call, Name, Unary
+
+    def lim(d):
+        return d.id[6:] if isinstance(d, Name) and d.id.startswith("tuned.") and d.id[6:] in zero else None
+    if isinstance(e, Bin):
+        return (lim(e.r) if e.op in ("//", "/", "%") else None) or _divides_by(e.l, zero) or _divides_by(e.r, zero)
+    if isinstance(e, Call):
+        hit = lim(e.args[1]) if e.fn == "ceil_div" and len(e.args) == 2 else None
+        return hit or next((h for a in e.args if (h := _divides_by(a, zero))), None)
+    if isinstance(e, Unary):
+        return _divides_by(e.x, zero)
+    return None
 
 
 # ------------------------------------------------------------------ shipped tunings

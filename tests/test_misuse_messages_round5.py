@@ -184,3 +184,23 @@ def test_a_plan_needs_an_output(tmp_path, outputs):
     d = diagnostic(tmp_path, outputs + "ops:\n  - y: copy(x)\n", H)
     assert d.code == "schema" and "a plan needs at least one output" in d.message, d.message
     assert d.loc.line == (13 if outputs else 1)
+
+
+def test_a_tuned_limit_of_zero_that_a_gate_divides_by_is_refused_where_the_tuning_is_read(tmp_path, capsys):
+    from executors.errors import BuildError
+    from executors.lowering import build_executor
+    from planner.pipeline import compile_plan
+    head = HEADER.replace("dims:", "tuned:\n  div: 4\ndims:")
+    body = ("outputs: [y]\nops:\n  - region: r\n    outputs: [y]\n    variants:\n      - name: q\n"
+            "        when: num_tokens // tuned.div >= 2\n        ops:\n          - y: copy(x)\n"
+            "      - name: p\n        ops:\n          - y: add(x, x)\n")
+    p = write(tmp_path, head.lstrip("\n") + body)
+    t = _tuning(tmp_path, limits={"div": 0})
+    assert main(["compile", str(p), "--tuning", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert "limits.div: 0, but the gate of variant 'q' of region 'r'" in err and "divides by tuned.div" in err, err
+    with pytest.raises(BuildError, match="divides by tuned.div"):
+        import torch
+        w = {"w": torch.zeros(32, 64).bfloat16(), "w2": torch.zeros(16, 64).bfloat16()}
+        build_executor(compile_plan(load(tmp_path / "b", body, head, tp_size=1)), w, device="cpu", tuning=str(t))
+    assert main(["compile", str(p), "--tuning", str(_tuning(tmp_path, limits={"div": 2}))]) == 0
