@@ -146,3 +146,11 @@ def test_world_size_zero_is_refused_not_taken_as_unset(tmp_path, capsys):
     p = write(tmp_path, HEADER.lstrip("\n") + "outputs: [y]\nops:\n  - y: all_reduce(x, tp)\n")
     assert main(["run", str(p), "--world-size", "0"]) == 2
     assert "--world-size must be at least 1" in capsys.readouterr().err
+
+
+def test_buckets_may_be_a_quoted_list_expression(tmp_path):
+    head = HEADER.replace("num_tokens: 1..16", "num_tokens: {range: 1..16, buckets: \"[1, tp_size * 2, 16]\"}")
+    assert load(tmp_path, "outputs: [y]\nops:\n  - y: copy(x)\n", head).dims["num_tokens"].buckets == [1, 4, 16]
+    head = HEADER.replace("num_tokens: 1..16", "num_tokens: {range: 1..16, buckets: 3}")
+    d = diagnostic(tmp_path / "b", "outputs: [y]\nops:\n  - y: copy(x)\n", head)
+    assert "(a YAML list such as [1, 8, 64], or a quoted list expression)" in d.message, d.message

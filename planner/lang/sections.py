@@ -186,6 +186,11 @@ def dims_of(decls: dict, params: dict) -> dict[str, DimSpec]:
         if not 0 <= lo <= hi:
             raise PlanError.at(loc, "param", f"dim '{name}' range {lo}..{hi} is empty or negative")
         buckets = spec.get("buckets")
+        if isinstance(buckets, str):  # a quoted list expression, as params may be written
+            try:
+                buckets = evaluate(parse(buckets), params)
+            except ExprError as e:
+                raise expr_error(e, src.value_loc(path + ("buckets",))) from None
         if buckets is None:
             buckets, b = [], 1
             while b < hi:
@@ -195,7 +200,8 @@ def dims_of(decls: dict, params: dict) -> dict[str, DimSpec]:
             buckets.append(hi)
         elif not isinstance(buckets, list) or not buckets:
             raise PlanError.at(src.loc(path + ("buckets",)), "param",
-                               f"buckets of '{name}' must be a non-empty list of sizes in {lo}..{hi}")
+                               f"buckets of '{name}' must be a non-empty list of sizes in {lo}..{hi}"
+                               " (a YAML list such as [1, 8, 64], or a quoted list expression)")
         else:
             buckets = _bucket_values(name, buckets, lo, hi, params, src, path + ("buckets",))
         if max(buckets) != hi:
