@@ -191,9 +191,10 @@ def _bench_body(rank, world, path, overrides, tokens, tuning, iters, trials, nse
         _, w = make_data(p, hi, seed=1000 + s, rank=rank, device=dev)
         exs.append(tuned_executor(compile_plan(p), w, tuning, device=dev, externs=default_externs(p), group=groups))
         rp = load()
-        refs.append(tuned_executor(reference_compiled(rp), w, {"limits": (tuning or {}).get("limits", {})}
-                                   if tuning else None, device=dev, externs=default_externs(rp),
-                                   backend_prefs=("torch",), group=groups))
+        # the reference takes the tuning's limits (the same variants) but none of its backends, as
+        # planner run's does: with no tuning given, the shipped one's tuned backends would replace torch
+        refs.append(tuned_executor(reference_compiled(rp), w, {"limits": dict(exs[-1].tuned)}, device=dev,
+                                   externs=default_externs(rp), backend_prefs=("torch",), group=groups))
     exact = _exactness(reference_compiled(load()))
     rows = []
     for t in tokens:
