@@ -13,6 +13,7 @@ from typing import NamedTuple
 import networkx as nx
 import torch
 
+from planner.opbase import written_in_place
 from planner.ops import COLLECTIVES
 from planner.verify import verify
 
@@ -239,9 +240,7 @@ def overwritten(cp) -> set[str]:
     g = cp.graph
     names = set()
     for v in cp.schedule:
-        op = g.nodes[v]["op"]
-        if getattr(op, "inplace", False) is True and op.op != "cat":
-            names |= {getattr(op, f) for f in ("x", "residual") if getattr(op, f, None)}
+        names.update(written_in_place(g.nodes[v]["op"]))
     todo = list(names)
     while todo:
         p = cp.tensors[todo.pop()].producer

@@ -69,14 +69,19 @@ def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE,
                          tuning_source=source + extern_note(tuning), **kw)
 
 
+def check_stream_bound(n: int | None) -> None:
+    """--streams N of compile, run and viz: None (the plan's streams) or 1..MAX_STREAMS."""
+    if n is not None and not 1 <= n <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
+        raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {n}")
+
+
 def config_from_args(args, plan=None) -> CompileConfig:
     if plan is not None:
         tuning, source = resolve_compile_tuning(args, plan)
     else:
         tuning, source = read_tuning(getattr(args, "tuning", None)), getattr(args, "tuning", None) or "none"
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
-    if args.streams is not None and not 1 <= args.streams <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
-        raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {args.streams}")
+    check_stream_bound(args.streams)
     if not 0 < args.bucket_cap_mb < float("inf"):  # NaN fails too; 0 would make every bucket too big
         raise PlanError.at(None, "schema", f"--bucket-cap-mb must be a finite number > 0, got {args.bucket_cap_mb}",
                            "to turn collective fusion off, use --disable-pass fuse-collectives")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .errors import Loc, PlanError, did_you_mean
 from .expr import MAX_AST_DEPTH, ExprError, Name, depth, eval_int, fold, free_names, parse
+from .opbase import written_in_place
 from .shapes import DTYPE_ALIASES, DTYPES, TensorSpec, fmt_dim, fmt_shape, unknown_dtype
 
 __all__ = ["InferCtx", "infer_all", "topo_order"]
@@ -197,9 +198,7 @@ def _may_share(o, n, by_id, tensors, readers, outs, loc) -> None:
     while todo:
         m, how = todo.pop()
         p = by_id.get(tensors[m].producer)
-        if p is None:
-            continue
-        if p.op != "select":
+        if p is None or p.op != "select":
             continue
         nxt = [(c, f"variant '{v}' of region '{p.region}' makes it as '{c}'") for c, v in
                zip(p.choices, p.variants or [""] * len(p.choices), strict=False)]
@@ -212,8 +211,8 @@ def _may_share(o, n, by_id, tensors, readers, outs, loc) -> None:
                 problem = f"may be plan {t.kind} '{c}' itself ({why}); only values the plan makes can be overwritten"
             elif t.alias_of is not None and not t.meta.get("inplace") or not t.contiguous:
                 problem = f"may be a view ({why}); writing it would change the tensor it views"
-            elif [r for r in readers.get(c, []) if r != p.id]:
-                problem = f"may be '{c}' ({why}), which '{[r for r in readers[c] if r != p.id][0]}' also reads"
+            elif other := next((r for r in readers.get(c, []) if r != p.id), None):
+                problem = f"may be '{c}' ({why}), which '{other}' also reads"
             elif c in outs:
                 problem = f"may be '{c}' ({why}), a plan output"
             else:
@@ -246,7 +245,7 @@ def _exclusive(ctx_a, ctx_b) -> bool:
 def check_inplace(ops, tensors, outputs, locs, field_locs, op_ctx=None) -> None:
     """Ops that overwrite inputs (add_rmsnorm inplace: true) must be their inputs' only readers:
     no other op may read them or a view of them, and they must not be plan outputs."""
-    writers = [o for o in ops if getattr(o, "inplace", False) is True and o.op != "cat"]
+    writers = [o for o in ops if written_in_place(o)]
     if not writers:
         return
     written = {o.id for o in writers}

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .expr import Bin, Num
 from .shapes import TensorSpec, fmt_dim, fmt_shape
 
-__all__ = ["OpBase", "DimExpr", "Backend", "lift", "norm_dim", "out_spec", "same_shape"]
+__all__ = ["OpBase", "DimExpr", "Backend", "lift", "norm_dim", "out_spec", "same_shape", "written_in_place"]
 
 DimExpr = int | str
 # what an op's `backend:` may name; "inductor" is torch.compile of the torch reference
@@ -80,3 +80,11 @@ def check_outs(self, ctx, n: int) -> None:
 
 def fmt(d) -> str:
     return fmt_dim(d)
+
+
+def written_in_place(op) -> list[str]:
+    """The operands an op with inplace=true writes over (x and residual of the norms); cat's
+    `inplace` lists members already written into its buffer, not writes of its own."""
+    if getattr(op, "inplace", False) is not True or op.op == "cat":
+        return []
+    return [getattr(op, f) for f in ("x", "residual") if getattr(op, f, None)]

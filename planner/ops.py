@@ -438,12 +438,13 @@ class Slice(OpBase):
         t = ctx.tensor(self.x, "x")
         d = _norm_dim(ctx, t, self.dim)
         n = t.shape[d]
-        start = written_start = ctx.dim(self.start, "start")
-        stop = written_stop = n if self.stop is None else ctx.dim(self.stop, "stop")
-        if isinstance(start, int) and start < 0:
-            start = n + start if isinstance(n, int) else ctx.simplify(Bin("-", _lift(n), Num(-start)))
-        if isinstance(stop, int) and stop < 0:
-            stop = n + stop if isinstance(n, int) else ctx.simplify(Bin("-", _lift(n), Num(-stop)))
+        def from_end(v):  # a negative constant bound counts back from n
+            if not isinstance(v, int) or v >= 0:
+                return v
+            return n + v if isinstance(n, int) else ctx.simplify(Bin("-", _lift(n), Num(-v)))
+        written_start = ctx.dim(self.start, "start")
+        written_stop = n if self.stop is None else ctx.dim(self.stop, "stop")
+        start, stop = from_end(written_start), from_end(written_stop)
         ok = ctx.probes.holds(lambda b: 0 <= ctx.at(start, b) <= ctx.at(stop, b) <= ctx.at(n, b))
         if not ok:
             field = "start" if self.stop is None or not ctx.probes.holds(lambda b: 0 <= ctx.at(start, b) <= ctx.at(n, b)) else "stop"

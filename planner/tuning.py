@@ -18,10 +18,11 @@ rows and max_bytes of input take it, larger ones the all_reduce and a separate n
 
 Validation is strict: an unknown key is an error naming the file and the key (a flat
 {"limit": N} file is refused, not ignored), check_limits refuses a limit the plan does not
-declare and check_variants a "variants" record of a region or variant it does not have. Backend
-names are the executor's registry's (extensible: executors.backends.registry.register), so
-executors.tuning.check_backends checks them where a tuning is applied (build_executor,
-apply_tuning, `planner run --tuning`); `planner compile` reads no backend. `planner compile --tuning F` reads "limits" into the gates and "measured" into
+declare and check_variants a "variants" record of a region or variant it does not have (and a
+limit of 0 a gate divides by). Backend names are the executor's registry's (extensible:
+executors.backends.registry.register), so executors.tuning.check_backends checks them where a
+tuning is applied (build_executor, apply_tuning, `planner run --tuning`); `planner compile`
+reads no backend. `planner compile --tuning F` reads "limits" into the gates and "measured" into
 the cost model; build_executor(..., tuning=F) also lowers the gemm steps with "backends".
 
 Shipped tunings live in planner/tuned/*.json (package data, this format). With no tuning
@@ -166,31 +167,25 @@ def check_variants(data: dict, regions: dict, where: str = "tuning", plan: str =
                 if name not in names:
                     raise _bad(where, f"variants['{rid}']['{bucket}']: region '{rid}' has no variant '{name}'"
                                f" (variants: {', '.join(names)})")
-    zero = {k for k, v in data.get("limits", {}).items() if v == 0}
-    for rid, region in regions.items() if zero else ():
-        for v in region.variants:
-            hit = _divides_by(v.when, zero)
-            if hit:
-                loc = f" at {v.loc}" if getattr(v, "loc", None) else ""
-                raise _bad(where, f"limits.{hit}: 0, but the gate of variant '{v.name}' of region '{rid}'{loc}"
-                           f" divides by tuned.{hit} ({' '.join((v.when_src or '').split())})")
+    _check_zero_divisors(data, regions, where)
     return data
 
 
-def _divides_by(e, zero: set) -> str | None:
-    """The tuned limit in `zero` that gate `e` divides by (// / % or ceil_div's divisor), or None."""
-    from .expr import Bin, Call, Name, Unary
-
-    def lim(d):
-        return d.id[6:] if isinstance(d, Name) and d.id.startswith("tuned.") and d.id[6:] in zero else None
-    if isinstance(e, Bin):
-        return (lim(e.r) if e.op in ("//", "/", "%") else None) or _divides_by(e.l, zero) or _divides_by(e.r, zero)
-    if isinstance(e, Call):
-        hit = lim(e.args[1]) if e.fn == "ceil_div" and len(e.args) == 2 else None
-        return hit or next((h for a in e.args if (h := _divides_by(a, zero))), None)
-    if isinstance(e, Unary):
-        return _divides_by(e.x, zero)
-    return None
+def _check_zero_divisors(data: dict, regions: dict, where: str) -> None:
+    """A tuned limit of 0 in a gate's divisor: the gate with those limits folded in, through the
+    load-time check of a division by a constant zero (predicates.check_gate_values)."""
+    from .expr import ExprError, free_names
+    from .predicates import check_gate_values, simplify_gate
+    zero = {f"tuned.{k}": 0 for k, v in data.get("limits", {}).items() if v == 0}
+    for rid, region in regions.items() if zero else ():
+        for v in region.variants:
+            for n in sorted(free_names(v.when) & zero.keys()) if v.when is not None else ():
+                try:  # one limit at a time, so the message names the divisor
+                    check_gate_values(simplify_gate(v.when, {n: 0}), {}, set())
+                except ExprError:
+                    loc = f" at {v.loc}" if getattr(v, "loc", None) else ""
+                    raise _bad(where, f"limits.{n[6:]}: 0, but the gate of variant '{v.name}' of region '{rid}'"
+                               f"{loc} divides by {n} ({' '.join((v.when_src or '').split())})") from None
 
 
 # ------------------------------------------------------------------ shipped tunings

@@ -2,7 +2,7 @@
 all ranks, or rank-contiguous blocks of its size), and plan groups that share one process group
 with collectives on two streams, refused at build."""
 
-from dist_ops import mixed_groups
+from dist_ops import MIXED, mixed_groups
 
 from executors.tools.ranks import run_ranks
 from planner.cli import main
@@ -16,22 +16,8 @@ def test_groups_of_two_sizes_each_get_their_own_process_group():
                                         " collectives run on two streams (a over 'tp' on main, b over 'ep' on aux)")
 
 
-PLAN = """
-plan: mixed
-params: {hidden: 16, tp_size: 4, ep_size: 2}
-dims: {num_tokens: 1..8}
-groups: {tp: tp_size, ep: ep_size}
-inputs:
-  x: bf16[num_tokens, hidden]
-outputs: [a, b]
-ops:
-  - a: all_gather(x, tp)
-  - b: all_reduce(x, ep, stream=aux)
-"""
-
-
 def test_planner_run_picks_a_world_every_group_divides(tmp_path, capsys):
-    p = write(tmp_path, PLAN)
+    p = write(tmp_path, MIXED)  # the rank body's plan: tp 4, ep 2
     assert main(["run", str(p), "--check", "--num-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "4 rank(s) on cpu" in out and "result: OK (2 outputs x 4 rank(s))" in out, out

@@ -56,13 +56,14 @@ def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     from planner.lang.loader import load_plan
 
     from .check import run_check
-    cfg = _compile_config(ns, load_plan(path, overrides), device, rank)
+    from .ranks import run_groups
+    plan = load_plan(path, overrides)
+    cfg = _compile_config(ns, plan, device, rank)
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     # the executor's tuning: the --tuning file (its backends and limits); without it build_executor
     # matches this device's shipped tuning itself (none on a CPU)
     tuning = ns["tuning"] if ns.get("tuning") else None
-    from .ranks import run_groups
-    groups = run_groups(load_plan(path, overrides).groups, world)
+    groups = run_groups(plan.groups, world)
     report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
                        compare=check, config=cfg, tuning=tuning, group=groups)
     if ns.get("timeline"):
@@ -202,8 +203,7 @@ def cmd_run(args) -> int:
     for name, size in plan.groups.items():
         if world % size:
             same = [p for p, v in plan.params.items() if v == size and type(v) is int]
-            to = world  # the plan sized to the run: a group over every rank
-            how = (f"--set {same[0]}={to}" if len(same) == 1 else f"--set one of {', '.join(same)}" if same
+            how = (f"--set {same[0]}={world}" if len(same) == 1 else f"--set one of {', '.join(same)}" if same
                    else "--set the param its size is made of")
             ranks = f"{need} ranks" if need == size else f"{need} ranks (every group size divides it)"
             if size > world:

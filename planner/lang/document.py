@@ -44,7 +44,7 @@ class PlanDoc(BaseModel):
     variants: list[dict] | None = None
 
 
-TYPE_WORDS = {
+_TYPE_WORDS = {
     "missing": "is required", "extra_forbidden": "is not a known field",
     "string_type": "must be a string", "int_type": "must be an integer",
     "int_parsing": "must be an integer", "list_type": "must be a list", "dict_type": "must be a mapping",
@@ -54,6 +54,13 @@ TYPE_WORDS = {
 }
 
 
+def type_words(err: dict) -> str | None:
+    """How a pydantic error reads in the plan's words ("must be an integer"), or None."""
+    if err["type"] == "literal_error":
+        return err["msg"].replace("Input should be", "must be")
+    return _TYPE_WORDS.get(err["type"])
+
+
 def pydantic_error(exc: ValidationError, src: Source, base: tuple, model_fields=None, strip_tag=False) -> PlanError:
     diags = []
     for err in exc.errors()[:8]:
@@ -61,12 +68,10 @@ def pydantic_error(exc: ValidationError, src: Source, base: tuple, model_fields=
         if strip_tag and loc:
             loc = loc[1:]  # discriminated union puts the tag first
         field = ".".join(str(x) for x in loc) or "value"
-        word = TYPE_WORDS.get(err["type"], err["msg"].lower())
+        word = type_words(err) or err["msg"].lower()
         hint = None
         if err["type"] == "extra_forbidden" and model_fields:
             hint = did_you_mean(str(loc[-1]), model_fields)
-        if err["type"] == "literal_error":
-            word = err["msg"].replace("Input should be", "must be")
         found = ""
         if err["type"] not in ("missing", "extra_forbidden") and "input" in err:
             found = f" (found {err['input']!r:.60})"

@@ -26,7 +26,7 @@ from ..predicates import (
     simplify_gate,
 )
 from ..shapes import DTYPES, Probes, TensorSpec, fmt_dim
-from .document import TYPE_WORDS, load_tree
+from .document import load_tree, type_words
 from .expand import FOR_CLAUSE, IDENT, Expander
 from .sections import (
     dims_of,
@@ -219,12 +219,8 @@ def _op_field_error(raw, exc: ValidationError) -> PlanError:
     if field in _DTYPE_FIELDS and got:
         return PlanError.at(loc, "type", f"{raw.d.get('op')}: '{field}' must be a dtype name{got}; valid: "
                             + ", ".join(DTYPES))
-    if e["type"] == "extra_forbidden":
-        word = "is not a field of this op"
-    elif e["type"] == "literal_error":
-        word = e["msg"].replace("Input should be", "must be")
-    else:
-        word = TYPE_WORDS.get(e["type"], e["msg"][:1].lower() + e["msg"][1:])
+    word = ("is not a field of this op" if e["type"] == "extra_forbidden"
+            else type_words(e) or e["msg"][:1].lower() + e["msg"][1:])
     return PlanError.at(loc, "schema", f"{raw.d.get('op')}: '{field}' {word}{got}")
 
 

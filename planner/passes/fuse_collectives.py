@@ -28,6 +28,7 @@ from ..cost import CostModel
 from ..expr import Bin, Num, unparse
 from ..graph import Compiled, compatible, rebuild_edges
 from ..infer import InferCtx
+from ..opbase import written_in_place
 from ..ops import PACKABLE_COLLECTIVES, Cat, Split
 from ..shapes import DTYPES
 from .assign_streams import pin_target, pin_text
@@ -75,18 +76,6 @@ def _key(cp: Compiled, v: str):
             pin_target(cp.plan, op), d["ctx"])
 
 
-def _written_in_place(g) -> dict[str, str]:
-    """{tensor: the op that overwrites it} for in-place norms (add_rmsnorm inplace=true)."""
-    out = {}
-    for v, d in g.nodes(data=True):
-        op = d["op"]
-        if getattr(op, "inplace", False) is True and op.op != "cat":
-            for f in ("x", "residual"):
-                if getattr(op, f, None):
-                    out[getattr(op, f)] = v
-    return out
-
-
 def _why_differs(cp: Compiled, u: str, v: str, k1, k2) -> str:
     names = ["kind", "process group", "dim", "dtype", "reduction", "backend", "stream pin", "variant context"]
     for n, a, b in zip(names, k1, k2, strict=True):
@@ -117,8 +106,8 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     report = {"before": len(cands) + len(a2a), "after": len(cands) + len(a2a), "buckets": [], "not_fused": []}
     cp.report[NAME] = report
     # a result written in place must stay a buffer of its own: unpacked, it would be a view
-    writes = _written_in_place(g)
-    for v in [v for v in cands if set(g.nodes[v]["op"].out) & set(writes)]:
+    writes = {t: v for v, d in g.nodes(data=True) for t in written_in_place(d["op"])}  # tensor -> its writer
+    for v in [v for v in cands if set(g.nodes[v]["op"].out) & writes.keys()]:
         o = next(n for n in g.nodes[v]["op"].out if n in writes)
         report["not_fused"].append({"ops": [v, "any collective"],
                                     "reason": f"its result '{o}' is overwritten in place by '{writes[o]}'"})

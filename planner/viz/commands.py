@@ -26,11 +26,9 @@ def _note(msg: str) -> None:
 def compile_for_viz(plan, after: str | None = None, disable: list[str] | None = None, streams: int | None = None):
     """The compiled plan through the pipeline (stopping after `after`), over at most `streams`
     streams (None: the plan's)."""
-    from ..commands import plan_warnings, tuned_config
-    from ..config import MAX_STREAMS
+    from ..commands import check_stream_bound, plan_warnings, tuned_config
     from ..pipeline import compile_plan
-    if streams is not None and not 1 <= streams <= MAX_STREAMS:
-        raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {streams}")
+    check_stream_bound(streams)
     # the configuration `planner compile` uses (shipped tuning included), so both show one plan
     cfg = tuned_config(plan, disable_passes=set(disable or ()), stop_after=after, num_streams=streams)
     cp = compile_plan(plan, cfg)

@@ -55,16 +55,6 @@ class Text:
     bold: bool = False
 
 
-
-def _covered(spans) -> float:
-    """Time covered by the union of (start, end) spans: ops overlapping on one stream count once."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
 def check_records(records) -> list[dict]:
     if not isinstance(records, list) or not records:
         raise TimelineError("no timeline records to draw")
@@ -88,6 +78,12 @@ def check_records(records) -> list[dict]:
 
 def overlap_us(recs: list[dict]) -> list[tuple[float, float]]:
     """Intervals where ops of two or more different streams run at once."""
+    return _busy(recs, 2)
+
+
+def _busy(recs: list[dict], streams: int) -> list[tuple[float, float]]:
+    """Intervals where ops of at least `streams` different streams run (1: any op runs; ops that
+    overlap on one stream count once)."""
     edges = []
     for r in recs:
         if r["end_us"] > r["start_us"]:
@@ -98,9 +94,9 @@ def overlap_us(recs: list[dict]) -> list[tuple[float, float]]:
     for t, d, s in edges:
         busy[s] = busy.get(s, 0) + d
         n = sum(1 for c in busy.values() if c > 0)
-        if n >= 2 and since is None:
+        if n >= streams and since is None:
             since = t
-        elif n < 2 and since is not None:
+        elif n < streams and since is not None:
             if t > since:
                 out.append((since, t))
             since = None
@@ -153,7 +149,7 @@ def _layout(records, title: str):
     bottom = y
     ov = overlap_us(recs)
     ov_total = sum(b - a for a, b in ov)
-    busy = {s: _covered([(r["start_us"], r["end_us"]) for r in recs if r["stream"] == s]) for s in streams}
+    busy = {s: sum(b - a for a, b in _busy([r for r in recs if r["stream"] == s], 1)) for s in streams}
     height = bottom + 80
     shapes.append(Rect(0, 0, WIDTH, height, "#ffffff"))
     shapes.append(Text(LEFT, 22, title or "timeline", 15, bold=True))
