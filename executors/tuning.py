@@ -118,11 +118,11 @@ def gemm_table(tuning: dict) -> dict:
     return by_shape
 
 
-def _gemm_backend_missing(backend: str, op, specs, device: str) -> str | None:
-    """Why a tuned bf16 gemm backend cannot run here (its library absent, a CPU, an older GPU),
-    or None: the registry's capability check of that backend. A tuning measured elsewhere may
-    name one: its sizes then run the registry's choice instead of failing at the first call."""
-    impl = impl_of("gemm", backend)
+def _cannot_run(backend: str, op, specs, device: str) -> str | None:
+    """Why a tuned backend cannot run op here (its library absent, a CPU, an older GPU), or None:
+    the registry's capability check of that backend. A tuning measured elsewhere may name one:
+    its sizes then run the registry's choice instead of failing at the first call."""
+    impl = impl_of(op.op, backend)
     if impl is None:
         return None  # an unknown name is the runner's error (check_backends names it first)
     try:
@@ -143,7 +143,7 @@ def tuned_gemm(op, a_spec, w_spec, params, table: dict, fallback, device: str = 
     if not entries or op.out_dtype not in (None, a_spec.dtype):
         return None
     dt = torch_dtype(op.out_dtype or a_spec.dtype)
-    missing = {b: _gemm_backend_missing(b, op, [a_spec, w_spec], device) for b in {e["backend"] for e in entries.values()}}
+    missing = {b: _cannot_run(b, op, [a_spec, w_spec], device) for b in {e["backend"] for e in entries.values()}}
     usable = {m: e for m, e in entries.items() if missing[e["backend"]] is None}
     if not usable:
         return None
@@ -189,14 +189,13 @@ def tuned_keyed(op, specs, params, dims, table: dict, fallback, bctx):
     if not entries:
         return None
     made, gone = {}, set()
-    device = getattr(getattr(bctx, "device", None), "type", "cuda")
     for e in entries.values():
         impl = impl_of(op.op, e["backend"])
         if impl is None:
             raise BuildError(f"tuning names backend '{e['backend']}' for {op.op}, which has none of that name")
         if e["backend"] in made or e["backend"] in gone:
             continue
-        if impl.supports(op, specs, device) is not None:  # measured where it ran; not here
+        if _cannot_run(e["backend"], op, specs, bctx.device.type) is not None:  # measured where it ran; not here
             gone.add(e["backend"])
             continue
         made[e["backend"]] = impl.make(op, bctx)
