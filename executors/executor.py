@@ -51,6 +51,7 @@ class Executor:
         self.plan = cp.plan
         self._steps = steps
         self._gates = gates
+        self._by_depth = sorted(gates, key=lambda r: len(cp.plan.regions[r].within))  # outer regions first
         self._solver = solver
         self._comms = comms
         self.device = device
@@ -266,10 +267,10 @@ class Executor:
             self._join(main, started, recorded, exit_waits)
         if len(chosen) < len(gates):
             # a region none of whose steps this path met (all pruned, or every op of it dead code)
-            # still reports the variant its gate picks
-            for r, g in gates.items():
-                if r not in chosen:
-                    chosen[r] = g.choose(facts)
+            # still reports the variant its gate picks, when the variants it sits in ran
+            for r in self._by_depth:
+                if r not in chosen and all(chosen.get(o) == v for o, v in self.plan.regions[r].within):
+                    chosen[r] = gates[r].choose(facts)
         self.last_variants = chosen
         # keep no tensor of the call alive past it (not even its inputs: in a compiled model they
         # can be intermediates of the caller's graph): under cudagraph trees every live allocation

@@ -32,6 +32,7 @@ class Region:
     outputs: list[str]          # exported names (each made by a select op)
     inputs: list[str] = field(default_factory=list)
     loc: Loc | None = None
+    within: tuple = ()          # ((region, variant), ...) it is nested in, outermost first
 
     @property
     def fallback(self) -> Variant:

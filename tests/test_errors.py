@@ -170,3 +170,15 @@ def test_integer_expression_is_a_number(tmp_path):
 
     plan = load(tmp_path, "outputs: [y]\nops:\n  - y: extern(f, x, shape=[num_tokens, 8], cost_us=8 // 2)\n")
     assert plan.op("y").cost_us == 4.0
+
+
+def test_rank_varying_gate_message_names_every_rank_varying_fact(tmp_path):
+    err = error(tmp_path, """outputs: [y]
+variants:
+  - name: a
+    when: contiguous(x) and rank == 0
+    ops: [{y: 'all_gather(x, tp)'}]
+  - name: b
+    ops: [{y: 'all_gather(copy(x), tp)'}]
+""")
+    assert "uses contiguous and rank, which can differ between ranks" in str(err)

@@ -226,3 +226,20 @@ def test_race_shape_on_the_gpu_has_no_wrong_call(num_tokens):
     wrong, worst, variant = run_calls(num_tokens, calls=100, graphed=False)
     assert variant == ("var0" if num_tokens <= 16 else "var1")
     assert wrong == 0, (wrong, worst)
+
+
+@pytest.mark.parametrize(("num_tokens", "want"), [
+    (2, {"outer": "small", "outer/small/inner": "tiny"}),
+    (8, {"outer": "small", "outer/small/inner": "mid"}),
+    (40, {"outer": "big"}),  # the inner region sits in 'small', which did not run
+])
+def test_last_variants_names_only_regions_whose_enclosing_variant_ran(num_tokens, want):
+    text = NESTED.replace("groups:\n  tp: 2\n", "groups:\n  tp: 1\n")
+    cp = compile_plan(load_text(text), CompileConfig())
+    assert cp.plan.regions["outer/small/inner"].within == (("outer", "small"),)
+    assert cp.plan.regions["outer"].within == ()
+    b = {"num_tokens": num_tokens}
+    inputs, w = make_data(cp.plan, b, 0, 0, "cpu")
+    ex = build_executor(cp, w, device="cpu")
+    ex(dims=b, **inputs)
+    assert ex.last_variants == want

@@ -159,7 +159,10 @@ def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0, groups=None
     else:
         from planner.viz.timeline import render_timeline
         render_timeline(recs, path, title)
-    return {"path": path, "ops": len(recs), "streams": sorted({r["stream"] for r in recs})}
+    # the variants the timeline shows: under --as-if-capturing (or a GPU's graph replay) they can
+    # differ from the run's table, which evaluates the gates eagerly
+    return {"path": path, "ops": len(recs), "streams": sorted({r["stream"] for r in recs}),
+            "variants": dict(ex.last_variants), "capturing": cuda or bool(ns.get("as_if_capturing"))}
 
 
 def _one_rank(body) -> dict:
@@ -261,8 +264,17 @@ def cmd_run(args) -> int:
         print(_table(reports, world, args))
         tl = reports[0].get("timeline")
         if tl:
-            print(f"timeline: {tl['ops']} ops on {', '.join(tl['streams'])} -> {tl['path']}")
+            print(f"timeline: {tl['ops']} ops on {', '.join(tl['streams'])}{_timeline_variants(tl, reports[0])}"
+                  f" -> {tl['path']}")
     return 0 if ok else 1
+
+
+def _timeline_variants(tl: dict, r0: dict) -> str:
+    """The timeline's variants, named where they differ from the table's (gates as if capturing)."""
+    if tl["variants"] == r0["variants"]:
+        return ""
+    how = "gates as if capturing" if tl["capturing"] else "gates evaluated again"
+    return " (" + how + ": " + ", ".join(f"{r} {v}" for r, v in sorted(tl["variants"].items())) + ")"
 
 
 def _table(reports: list[dict], world: int, args) -> str:

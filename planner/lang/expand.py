@@ -83,6 +83,7 @@ class RegionRaw:
     outputs: list                # exported actual names
     loc: Loc
     names: dict = field(default_factory=dict)  # tensor names visible to the gates -> actual names
+    within: tuple = ()           # ((region, variant), ...) the region sits in, outermost first
 
 
 @dataclass
@@ -353,7 +354,7 @@ class Expander:
             raise PlanError.at(loc, "limit", f"the plan has more than {MAX_REGIONS:,} regions (budget 'regions')")
         visible = ScopeView(scope)  # resolved on use: a snapshot per region made many regions quadratic
         self.regions.append(RegionRaw(rid, meta, [scope.resolve(n) if n in scope.names else n for n in outputs], loc,
-                                      visible))
+                                      visible, scope.ctx))
         choices = {n: [] for n in outputs}
         for i, v in enumerate(vlist):
             name = v["name"]

@@ -332,7 +332,7 @@ def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[st
             rv = sorted(u for u in uses if u in RANK_VARYING)
             if rv and any(has_coll.values()):
                 raise PlanError([Diagnostic(
-                    "variant", f"gate of variant '{name}' uses {rv[0]}, which can differ between ranks, but region"
+                    "variant", f"gate of variant '{name}' uses {' and '.join(rv)}, which can differ between ranks, but region"
                     f" '{r.id}' has collectives: ranks could pick different variants and hang", wloc,
                     "gate regions with collectives on rank-uniform facts only (params, dims, capturing, tuned.*)")])
             simp = simplify_gate(rename_tensors(ast, r.names), params)
@@ -343,5 +343,5 @@ def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[st
                 raise PlanError.at(wloc, e.code, f"gate of variant '{name}': {e.message}") from None
             static = True if simp == parse("true") else False if simp == parse("false") else None
             variants.append(Variant(name, simp, when_src, vloc, static, uses))
-        out[r.id] = Region(r.id, variants, r.outputs, loc=r.loc)
+        out[r.id] = Region(r.id, variants, r.outputs, loc=r.loc, within=r.within)
     return out
