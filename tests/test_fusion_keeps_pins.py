@@ -207,3 +207,24 @@ def test_gemm_chain_pins_to_aux_and_aux1_name_one_stream(tmp_path):
     body = chain_body(", stream=aux", ", stream=aux1").replace("streams: [main, side]\n", "")
     cp = compiled(tmp_path, body, CHAIN_HEADER)
     assert cp.op("p").op == "gemm_chain" and cp.op("p").stream == "aux"
+
+
+# ---------------------------------------------------------------- pins the bound folds
+
+def test_norm_and_all_reduce_pins_the_bound_folds_onto_main_fuse(tmp_path):
+    # aux2 and aux3 both land on main under --streams 1: fusing them moves neither
+    body = arn_body(", stream=aux2", ", stream=aux3").replace("streams: [main, comm]\n", "").replace(
+        "z: all_reduce(x, tp, stream=comm)", "z: all_reduce(x, tp, stream=aux2)")
+    cp = compiled(tmp_path, body, ARN_HEADER, cfg=CompileConfig(num_streams=1, verify_each=True))
+    (f,) = cp.report["fuse-allreduce-norm"]["fused"]
+    assert f["id"] == "y" and stream(cp, "y") == "main"
+    assert any(x["text"].startswith("y pinned to aux2 -> main") for x in cp.report["assign-streams:folded"])
+    cp = compiled(tmp_path, body, ARN_HEADER)  # four streams: the pins name two of them
+    assert not cp.report["fuse-allreduce-norm"]["fused"]
+
+
+def test_chain_pins_folded_onto_main_fuse(tmp_path):
+    cp = compiled(tmp_path, chain_body(", stream=aux3", ", stream=aux2").replace("streams: [main, side]\n", ""),
+                  CHAIN_HEADER, cfg=CompileConfig(num_streams=1))
+    (f,) = cp.report["fuse-gemm-chains"]["fused"]
+    assert cp.op("p").op == "gemm_chain" and stream(cp, "p") == "main"

@@ -77,14 +77,26 @@ def stays_on_main(op) -> bool:
     return op.op in COLLECTIVES or (op.op == "extern" and (not op.side_stream or op.effects))
 
 
-def pin_target(plan, op) -> str | None:
-    """The stream op's pin names at any --streams bound, so fusion passes can tell whether two ops
-    may become one without dropping a pin: None where the planner places the op; "main" for an
-    unpinned op that stays there anyway; aux and aux1 name one pool stream when none are declared."""
-    s = op.stream
-    if not s:
+def stream_pool(plan, num_streams: int | None) -> list[str]:
+    """The streams a compile with this --streams bound (None: the plan's own) runs on."""
+    n = plan_streams(plan) if num_streams is None else max(1, num_streams)
+    return list(plan.streams[:n]) if plan.streams else pool(n)
+
+
+def landing(plan, s: str, streams: list[str]) -> str:
+    """The pool stream a pin to `s` runs on: itself, its pool alias (aux / aux1), else main (folded)."""
+    if not plan.streams and s not in streams:
+        s = _POOL_ALIAS.get(s, s)
+    return s if s in streams else "main"
+
+
+def pin_target(plan, op, streams: list[str]) -> str | None:
+    """The stream op's pin lands on in this pool, so fusion passes can tell whether two ops may
+    become one without moving either: None where the planner places the op; "main" for an
+    unpinned op that stays there anyway (and for a pin the bound folds onto main)."""
+    if not op.stream:
         return "main" if stays_on_main(op) else None
-    return "aux1" if not plan.streams and s in _POOL_ALIAS else s
+    return landing(plan, op.stream, streams)
 
 
 def pin_text(s: str | None) -> str:
@@ -93,20 +105,15 @@ def pin_text(s: str | None) -> str:
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     g = cp.graph
-    n = plan_streams(cp.plan) if cfg.num_streams is None else max(1, cfg.num_streams)
-    declared = cp.plan.streams
-    streams = list(declared[:n]) if declared else pool(n)
+    streams = stream_pool(cp.plan, cfg.num_streams)
+    n = len(streams) if cfg.num_streams is None else max(1, cfg.num_streams)
     pinned, folded, folded_ids = {}, [], set()
     for v, d in g.nodes(data=True):
-        written = s = d["op"].stream
-        if not s:
+        written = d["op"].stream
+        if not written:
             continue
-        if not declared:
-            s = _POOL_ALIAS.get(s, s) if s not in streams else s
-        if s in streams:
-            pinned[v] = s
-        else:
-            pinned[v] = "main"
+        pinned[v] = s = landing(cp.plan, written, streams)
+        if s == "main" and written != "main":
             folded_ids.add(v)
             loc = _pin_loc(cp, v)
             folded.append({"text": f"{v} pinned to {written} -> main (--streams {n} allows {', '.join(streams)})",

@@ -22,7 +22,7 @@ import networkx as nx
 from ..graph import Compiled, rebuild_edges
 from ..infer import InferCtx
 from ..ops import COLLECTIVES, VIEW_OPS, AllReduceAddRmsNorm
-from .assign_streams import pin_target, pin_text
+from .assign_streams import pin_target, pin_text, stream_pool
 
 NAME = "fuse-allreduce-norm"
 FUSED_DTYPES = ("bf16", "fp16")
@@ -44,7 +44,7 @@ def _collective_group(cp: Compiled, name: str) -> str | None:
     return op.group if op.op in COLLECTIVES else None
 
 
-def _refusal(cp: Compiled, v: str, claimed: set) -> tuple[str | None, str | None, str | None]:
+def _refusal(cp: Compiled, v: str, claimed: set, streams: list[str]) -> tuple[str | None, str | None, str | None]:
     """(norm op id, the norm's other operand, None) when `v` can be fused, else (None, None, reason)."""
     g = cp.graph
     op = g.nodes[v]["op"]
@@ -74,7 +74,7 @@ def _refusal(cp: Compiled, v: str, claimed: set) -> tuple[str | None, str | None
         return None, None, f"add_rmsnorm '{n}' runs in a different variant context"
     if norm.backend != "auto":
         return None, None, f"add_rmsnorm '{n}' names backend {norm.backend}: left as written"
-    if norm.stream and pin_target(cp.plan, norm) != pin_target(cp.plan, op):
+    if norm.stream and pin_target(cp.plan, norm, streams) != pin_target(cp.plan, op, streams):
         # the fused op takes the all_reduce's stream: fusing would move the norm off its pin
         return None, None, (f"add_rmsnorm '{n}' is pinned to {norm.stream}, the all_reduce is"
                             f" {pin_text(op.stream)}: the fused op runs on one stream")
@@ -107,11 +107,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         return pos, index.get(v, 1 << 60), v
     cands = sorted(ars, key=x_first)
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, cp.probes)
+    streams = stream_pool(plan, cfg.num_streams)
     claimed: set = set()
     for v in cands:
         if v not in g:
             continue
-        n, other, why = _refusal(cp, v, claimed)
+        n, other, why = _refusal(cp, v, claimed, streams)
         if why:
             report["not_fused"].append({"op": v, "reason": why})
             continue

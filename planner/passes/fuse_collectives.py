@@ -31,7 +31,7 @@ from ..infer import InferCtx
 from ..opbase import written_in_place
 from ..ops import PACKABLE_COLLECTIVES, Cat, Split
 from ..shapes import DTYPES
-from .assign_streams import pin_target, pin_text
+from .assign_streams import pin_target, pin_text, stream_pool
 
 NAME = "fuse-collectives"
 INPLACE_WRITERS = {"gemm", "add", "copy"}
@@ -63,17 +63,17 @@ def _pack_dim(specs, probes, coll_dim: int | None):
     return None
 
 
-def _key(cp: Compiled, v: str):
+def _key(cp: Compiled, v: str, streams: list[str]):
     d = cp.graph.nodes[v]
     op = d["op"]
     x = cp.tensors[op.x]
     dim = getattr(op, "dim", None)
     if dim is not None:
         dim = dim % x.rank
-    # the stream a pin names is part of the key: the fused op runs on one stream, so only members
-    # whose pins name the same one can share it without dropping a pin
+    # the stream a pin lands on is part of the key: the fused op runs on one stream, so only
+    # members whose pins land on the same one can share it without moving either
     return (op.op, op.group, dim, x.dtype, getattr(op, "reduce", None), getattr(op, "backend", "auto"),
-            pin_target(cp.plan, op), d["ctx"])
+            pin_target(cp.plan, op, streams), d["ctx"])
 
 
 def _why_differs(cp: Compiled, u: str, v: str, k1, k2) -> str:
@@ -141,9 +141,10 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     slack = {v: ls[v] - es[v] for v in order}
 
     cap = cfg.bucket_cap_mb * 1e6
+    streams = stream_pool(plan, cfg.num_streams)
     groups: dict[tuple, list[str]] = {}
     for v in cands:
-        groups.setdefault(_key(cp, v), []).append(v)
+        groups.setdefault(_key(cp, v, streams), []).append(v)
     keys = list(groups)
     for i, k in enumerate(keys):  # explain near misses between keys
         for k2 in keys[i + 1:]:

@@ -25,7 +25,7 @@ import dataclasses
 from ..graph import Compiled, rebuild_edges
 from ..infer import InferCtx
 from ..ops import GemmChain
-from .assign_streams import pin_target, pin_text
+from .assign_streams import pin_target, pin_text, stream_pool
 
 NAME = "fuse-gemm-chains"
 MAX_WIDTH = 512
@@ -59,7 +59,7 @@ def _piece(cp: Compiled, name: str):
     return op.x, sum(widths[:idx]), widths[idx]
 
 
-def _why_not(cp: Compiled, first, second, col: int, width: int) -> str | None:
+def _why_not(cp: Compiled, first, second, col: int, width: int, streams: list[str]) -> str | None:
     g, plan = cp.graph, cp.plan
     for op in (first, second):
         if op.scaled:
@@ -72,7 +72,7 @@ def _why_not(cp: Compiled, first, second, col: int, width: int) -> str | None:
             return f"'{op.id}' casts its output to {op.out_dtype}"
     if g.nodes[first.id]["ctx"] != g.nodes[second.id]["ctx"]:
         return "the two gemms run under different variants"
-    if pin_target(plan, first) != pin_target(plan, second):  # the gemm_chain runs on one stream
+    if pin_target(plan, first, streams) != pin_target(plan, second, streams):  # the gemm_chain runs on one stream
         return (f"the two gemms' pins differ ('{first.id}' {pin_text(first.stream)}, '{second.id}'"
                 f" {pin_text(second.stream)}): the fused op runs on one stream")
     a, w, w2 = cp.tensors[first.a], cp.tensors[first.b], cp.tensors[second.b]
@@ -89,8 +89,9 @@ def _why_not(cp: Compiled, first, second, col: int, width: int) -> str | None:
     return None
 
 
-def find_chains(cp: Compiled) -> tuple[list[tuple[str, str, int, int]], list[dict]]:
-    """([(first gemm, second gemm, col, width)], [{"ops", "reason"} of chains left alone])."""
+def find_chains(cp: Compiled, streams: list[str]) -> tuple[list[tuple[str, str, int, int]], list[dict]]:
+    """([(first gemm, second gemm, col, width)], [{"ops", "reason"} of chains left alone]); streams:
+    the pool the compile runs on, where pins land."""
     g = cp.graph
     found, skipped = [], []
     taken: set[str] = set()
@@ -106,7 +107,7 @@ def find_chains(cp: Compiled) -> tuple[list[tuple[str, str, int, int]], list[dic
         if p is None or g.nodes[p]["op"].op != "gemm":
             continue
         first = g.nodes[p]["op"]
-        why = _why_not(cp, first, second, col, width)
+        why = _why_not(cp, first, second, col, width, streams)
         if why is None and (first.id in taken or second.id in taken):
             why = "one of the gemms is already part of another chain"
         if why is not None:
@@ -118,7 +119,7 @@ def find_chains(cp: Compiled) -> tuple[list[tuple[str, str, int, int]], list[dic
 
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
-    chains, skipped = find_chains(cp)
+    chains, skipped = find_chains(cp, stream_pool(cp.plan, cfg.num_streams))
     g, plan = cp.graph, cp.plan
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, cp.probes)
     fused = []
