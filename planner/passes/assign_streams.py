@@ -55,12 +55,14 @@ LARGE_SCOPE = 2000        # above this many ops, rate the largest bucket only (c
 BUCKET_PLAN_GAIN = 0.01   # a bucket gets its own assignment where it beats the single choice by 1 %
 
 
-def plan_streams(plan) -> int:
+def plan_streams(cp: Compiled) -> int:
     """How many streams a plan asks for when no bound is given: its `streams:` list, or main + aux
-    and every pool stream aux<N> it pins (a pin to aux3 asks for main, aux1, aux2, aux3)."""
-    if plan.streams:
-        return len(plan.streams)
-    pinned = [int(op.stream[3:]) for op in plan.ops if op.stream and op.stream[3:].isdigit()]
+    and every pool stream aux<N> its live ops pin (a pin to aux3 asks for main, aux1, aux2, aux3;
+    a pin in a variant dce removed asks for nothing)."""
+    if cp.plan.streams:
+        return len(cp.plan.streams)
+    pins = (d["op"].stream for _, d in cp.graph.nodes(data=True))
+    pinned = [int(s[3:]) for s in pins if s and s[3:].isdigit()]
     return max(2, 1 + max(pinned, default=1))
 
 
@@ -77,10 +79,10 @@ def stays_on_main(op) -> bool:
     return op.op in COLLECTIVES or (op.op == "extern" and (not op.side_stream or op.effects))
 
 
-def stream_pool(plan, num_streams: int | None) -> list[str]:
+def stream_pool(cp: Compiled, num_streams: int | None) -> list[str]:
     """The streams a compile with this --streams bound (None: the plan's own) runs on."""
-    n = plan_streams(plan) if num_streams is None else max(1, num_streams)
-    return list(plan.streams[:n]) if plan.streams else pool(n)
+    n = plan_streams(cp) if num_streams is None else max(1, num_streams)
+    return list(cp.plan.streams[:n]) if cp.plan.streams else pool(n)
 
 
 def landing(plan, s: str, streams: list[str]) -> str:
@@ -105,7 +107,7 @@ def pin_text(s: str | None) -> str:
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     g = cp.graph
-    streams = stream_pool(cp.plan, cfg.num_streams)
+    streams = stream_pool(cp, cfg.num_streams)
     n = len(streams) if cfg.num_streams is None else max(1, cfg.num_streams)
     pinned, folded, folded_ids = {}, [], set()
     for v, d in g.nodes(data=True):

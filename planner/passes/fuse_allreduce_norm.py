@@ -107,7 +107,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         return pos, index.get(v, 1 << 60), v
     cands = sorted(ars, key=x_first)
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, cp.probes)
-    streams = stream_pool(plan, cfg.num_streams)
+    streams = stream_pool(cp, cfg.num_streams)
     claimed: set = set()
     for v in cands:
         if v not in g:

@@ -141,7 +141,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     slack = {v: ls[v] - es[v] for v in order}
 
     cap = cfg.bucket_cap_mb * 1e6
-    streams = stream_pool(plan, cfg.num_streams)
+    streams = stream_pool(cp, cfg.num_streams)
     groups: dict[tuple, list[str]] = {}
     for v in cands:
         groups.setdefault(_key(cp, v, streams), []).append(v)

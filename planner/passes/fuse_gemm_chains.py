@@ -119,7 +119,7 @@ def find_chains(cp: Compiled, streams: list[str]) -> tuple[list[tuple[str, str, 
 
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
-    chains, skipped = find_chains(cp, stream_pool(cp.plan, cfg.num_streams))
+    chains, skipped = find_chains(cp, stream_pool(cp, cfg.num_streams))
     g, plan = cp.graph, cp.plan
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, cp.probes)
     fused = []
