@@ -113,31 +113,21 @@ def test_a_folded_pin_of_a_fused_all_reduce_and_norm_names_the_all_reduce(tmp_pa
     assert f"warning: {p}:17:" in err and "pinned to aux2 -> main" in err, err
 
 
-def test_pins_in_variants_dce_removes_do_not_size_the_pool(tmp_path):
-    # tp_size is 2: the first variant's gate folds to false, and its aux3 pin with it
-    cp = compiled(tmp_path, """
+GATED_PIN = """
 outputs: [y]
 variants:
   - name: wide
-    when: tp_size == 8
+    when: tp_size == {tp}
     ops:
       - a: gemm(x, w, stream=aux3)
       - y: add(a, a)
   - name: narrow
     ops:
       - y: gemm(x, w)
-""")
-    assert cp.streams == ["main", "aux"]
-    live = compiled(tmp_path, """
-outputs: [y]
-variants:
-  - name: wide
-    when: tp_size == 2
-    ops:
-      - a: gemm(x, w, stream=aux3)
-      - y: add(a, a)
-  - name: narrow
-    ops:
-      - y: gemm(x, w)
-""")
-    assert live.streams == ["main", "aux1", "aux2", "aux3"]
+"""
+
+
+@pytest.mark.parametrize("tp, want", [(8, ["main", "aux"]), (2, ["main", "aux1", "aux2", "aux3"])])
+def test_pins_in_variants_dce_removes_do_not_size_the_pool(tmp_path, tp, want):
+    # tp_size is 2: at tp == 8 the first variant's gate folds to false, and its aux3 pin with it
+    assert compiled(tmp_path, GATED_PIN.format(tp=tp)).streams == want
