@@ -136,6 +136,9 @@ def _add_run(sub) -> None:
     p.add_argument("--dim", action="append", default=[], metavar="NAME=V",
                    help="value of any dim (repeatable, e.g. --dim num_seqs=4); the others are drawn from --seed")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--same-weights", action="store_true",
+                   help="draw every weight the same on every rank (replicated weights); by default each rank"
+                        " draws its own, as TP shards are")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
     _emit(p)
     p.add_argument("--timeline", metavar="FILE", help="also record when each op ran on each stream (rank 0) and draw"

@@ -129,3 +129,40 @@ def test_a_mismatch_on_some_ranks_names_the_outputs_and_the_ranks():
     assert "forced r=b: MISMATCH in y (rank 1, 2)" in text, text
     text = _table([rep(0, ["y"]), rep(1, ["y"])], 2, args)
     assert "forced r=b: MISMATCH in y\n" in text + "\n", text
+
+
+REPLICATED = """
+plan: replicated
+dims:
+  num_tokens: 1..16
+groups:
+  tp: 2
+inputs:
+  x: bf16[num_tokens, 32]
+weights:
+  w: bf16[16, 32]
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: gather_first
+        when: num_tokens <= 4
+        ops:
+          - y: gemm(all_gather(x, tp), w)
+      - name: gemm_first
+        ops:
+          - y: all_gather(gemm(x, w), tp)
+"""
+
+
+def test_run_same_weights_lets_variants_that_need_a_replicated_weight_agree(tmp_path, capsys):
+    # the two variants are equal only when every rank holds the same w
+    p = tmp_path / "replicated.yaml"
+    p.write_text(REPLICATED)
+    args = ["run", str(p), "--world-size", "2", "--check", "--num-tokens", "3"]
+    assert main(args) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+    assert main(args + ["--same-weights"]) == 0
+    out = capsys.readouterr().out
+    assert "the same weights on every rank" in out and "result: OK" in out

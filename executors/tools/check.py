@@ -92,13 +92,15 @@ def _int_bounds(plan, bindings: dict) -> dict[str, int]:
     return out
 
 
-def make_data(plan, bindings: dict, seed: int, rank: int, device) -> tuple[dict, dict]:
-    """Seeded inputs (differ per rank: they are shards) and weights (scaled 1/sqrt(K))."""
+def make_data(plan, bindings: dict, seed: int, rank: int, device, same_weights: bool = False) -> tuple[dict, dict]:
+    """Seeded inputs (differ per rank: they are shards) and weights (scaled 1/sqrt(K)): per rank as
+    TP shards are, or with same_weights the same on every rank (replicated weights)."""
     from planner.expr import eval_int
-    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    gi = torch.Generator().manual_seed(seed * 7919 + rank)
+    gw = torch.Generator().manual_seed(seed * 7919 + 104729) if same_weights else gi
     high = _int_bounds(plan, bindings)
     inputs, weights = {}, {}
-    for names, out in ((plan.inputs, inputs), (plan.weights, weights)):
+    for names, out, g in ((plan.inputs, inputs, gi), (plan.weights, weights, gw)):
         for n in names:
             spec = plan.tensors[n]
             shape = tuple(eval_int(d, bindings) for d in spec.shape)
@@ -215,12 +217,13 @@ def _compare(plan, outs, routs, precision, forced: bool = False) -> tuple[bool, 
 
 def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int = 0, device="cpu",
               group=None, backend_prefs=None, externs=None, compare: bool = True, config=None,
-              tuning: dict | None = None, every_variant: bool = True, dims: dict | None = None) -> dict:
+              tuning: dict | None = None, every_variant: bool = True, dims: dict | None = None,
+              same_weights: bool = False) -> dict:
     """load() -> a fresh Plan (called twice: compile passes rewrite ops in place)."""
     plan = load()
     ref_plan = load()
     b = pick_dims(plan, num_tokens, seed, dims)
-    inputs, weights = make_data(plan, b, seed, rank, device)
+    inputs, weights = make_data(plan, b, seed, rank, device, same_weights)
     ext = dict(externs or {})
     ext.update(default_externs(plan, ext))
     cp = compile_for_run(plan, config)

@@ -65,7 +65,8 @@ def _rank_body(rank, world, path, overrides, ns, device, check, dims, seed):
     tuning = ns["tuning"] if ns.get("tuning") else None
     groups = run_groups(plan.groups, world)
     report = run_check(lambda: load_plan(path, overrides), rank=rank, dims=dims, seed=seed, device=dev,
-                       compare=check, config=cfg, tuning=tuning, group=groups)
+                       compare=check, config=cfg, tuning=tuning, group=groups,
+                       same_weights=bool(ns.get("same_weights")))
     if ns.get("timeline"):
         tl = _timeline(load_plan(path, overrides), cfg, dev, dims, seed, tuning, ns, rank, groups)
         if tl is not None:
@@ -133,7 +134,7 @@ def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0, groups=None
     from .check import compile_for_run, make_data, pick_dims
     from .externs import default_externs
     b = pick_dims(plan, None, seed, dims)
-    inputs, weights = make_data(plan, b, seed, rank, dev)
+    inputs, weights = make_data(plan, b, seed, rank, dev, bool(ns.get("same_weights")))
     cp = compile_for_run(plan, cfg)
     ex = build_executor(cp, weights, group=groups, device=dev, externs=default_externs(plan), tuning=tuning,
                         agree=False)
@@ -280,7 +281,8 @@ def _timeline_variants(tl: dict, r0: dict) -> str:
 def _table(reports: list[dict], world: int, args) -> str:
     r0 = reports[0]
     dims = ", ".join(f"{k}={v}" for k, v in r0["dims"].items())
-    lines = [f"plan {r0['plan']}: {world} rank(s) on {args.device}, {dims}, seed {args.seed}",
+    lines = [f"plan {r0['plan']}: {world} rank(s) on {args.device}, {dims}, seed {args.seed}"
+             + (", the same weights on every rank" if args.same_weights else ""),
              f"passes: {', '.join(r0['passes']) or '(none)'}; backends: {', '.join(r0['backends'])}"]
     if r0["variants"]:
         lines.append("variants:")
