@@ -259,7 +259,7 @@ def cmd_run(args) -> int:
         return 1
     ok = all(r["ok"] for r in reports) if args.check else True
     if args.emit == "json":
-        print(json.dumps({"ok": ok, "world_size": world, "device": args.device, "checked": args.check,
+        print(json.dumps({"ok": ok, "world_size": world, "device": args.device, "checked": args.check, "same_weights": args.same_weights,
                           "ranks": reports}, indent=2, default=str))
     else:
         print(_table(reports, world, args))
@@ -282,7 +282,7 @@ def _table(reports: list[dict], world: int, args) -> str:
     r0 = reports[0]
     dims = ", ".join(f"{k}={v}" for k, v in r0["dims"].items())
     lines = [f"plan {r0['plan']}: {world} rank(s) on {args.device}, {dims}, seed {args.seed}"
-             + (", the same weights on every rank" if args.same_weights else ""),
+             + (", the same weights on every rank" if getattr(args, "same_weights", False) else ""),
              f"passes: {', '.join(r0['passes']) or '(none)'}; backends: {', '.join(r0['backends'])}"]
     if r0["variants"]:
         lines.append("variants:")
