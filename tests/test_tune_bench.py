@@ -290,3 +290,15 @@ def test_variant_times_are_the_worse_bucket_end(monkeypatch):
     assert v["1"] == {"two_branch": 1.0, "packed": 2.0}
     assert v["4"] == {"two_branch": 22.0, "packed": 23.0}  # M = 2 (the low end) is the slow one
     assert any("num_tokens=4 ends 2:" in ln and "; 4:" in ln for ln in lines)
+
+
+def test_tune_plan_times_only_the_variants_the_params_leave(tmp_path):
+    """At tp_size 4 dce removes KDA's two_branch variant (its gate says tp_size == 8): the tuner
+    times the variants the compiled plan has instead of forcing one the executor does not have."""
+    from executors.tools.tune import tune_plan
+    res = tune_plan(str(KDA), {**SMALL, "tp_size": 4}, buckets=[1, 2], iters=2, trials=1, nsets=2, device="cpu",
+                    variants=True, log=lambda _: None)
+    v = res["variants"]["kda_projection.0"]
+    assert sorted(v, key=int) == ["1", "2"] and all(set(x) == {"packed"} for x in v.values())
+    assert res["limits"]["kda_two_branch_max"] == 0
+    load_tuning(save_tuning(res, tmp_path / "t.json"))

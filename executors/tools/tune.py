@@ -100,6 +100,13 @@ def tunable_shapes(ex) -> set:
     return out
 
 
+def live_variants(compiled) -> dict:
+    """{region: [variant names]} of the compiled plan: dce removes the variants whose gate folds to
+    false under the params (KDA's two_branch at tp_size 4), and the executor has no such variant
+    to force."""
+    return {rid: [v.name for v in vs] for rid, vs in compiled.variants.items()}
+
+
 class ForcedGate:
     """A region gate that always picks one variant (for timing variants end to end)."""
 
@@ -272,16 +279,16 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
     from .check import make_data
     from .externs import default_externs
     plan = plan_factory()
-    regions = plan.regions
-    if not regions:
+    if not plan.regions:
         return {}
-    names = sorted({v.name for r in regions.values() for v in r.variants})
     exs = []
     for s in range(nsets):
         p = plan_factory()
         cp = cp_factory(p)
         _, w = make_data(p, {d: plan.dims[d].hi for d in plan.dims}, seed=100 + s, rank=0, device=dev)
         exs.append(tuned_executor(cp, w, tuning, device=dev, externs={**default_externs(p), **(externs or {})}))
+    regions = live_variants(exs[0].compiled)
+    names = sorted({n for vn in regions.values() for n in vn})
     table = tuning.setdefault("backends", {})
     tuning.setdefault("refinements", [])
     out: dict = {r: {} for r in regions}
@@ -297,8 +304,7 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
             def f(i):
                 ex = exs[i % nsets]
                 saved = dict(ex._gates)
-                for rid, reg in regions.items():
-                    vn = [v.name for v in reg.variants]
+                for rid, vn in regions.items():
                     ex._gates[rid] = ForcedGate(rid, name if name in vn else vn[-1], vn)
                 try:
                     return ex(dims=dict(bind), **ins)
@@ -346,8 +352,7 @@ def time_variants(cp_factory, plan_factory, tuning: dict, dim: str, buckets: lis
                         for ex in exs:
                             apply_tuning(ex, tuning)
         t = worst(names)
-        for rid, reg in regions.items():
-            vn = {v.name for v in reg.variants}
+        for rid, vn in regions.items():
             out[rid][str(b)] = {n: round(us, 3) for n, us in t.items() if n in vn}
         log(f"[tune] variants {dim}={b}: " + ", ".join(f"{n} {us:.2f} us" for n, us in t.items()))
     exs = None
