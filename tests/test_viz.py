@@ -121,6 +121,16 @@ def test_kda_projection_lanes_variants_and_events():
         assert word in legend
 
 
+def test_legend_names_the_double_border_only_where_one_is_drawn():
+    """A fused gemm chain lists what it absorbed but has no double border (no collective): the
+    KDA plan's legend has no "fused collective" row; the SP tail's fused gather has both."""
+    kda = to_dot(compiled("k3_kda_projection.yaml"))[0]
+    assert "fused ×2" in kda and "peripheries" not in kda
+    assert "fused collective" not in re.search(r"legend \[.*\];", kda).group(0)
+    sp = to_dot(compiled("k3_sp_tail.yaml"))[0]
+    assert "peripheries" in sp and "fused collective" in re.search(r"legend \[.*\];", sp).group(0)
+
+
 def test_sp_tail_fused_gather_is_one_node_listing_what_it_absorbed():
     cp = compiled("k3_sp_tail.yaml")
     p = parse(to_dot(cp)[0])

@@ -63,6 +63,11 @@ def _short(op_id: str) -> str:
     return op_id.rsplit("/", 1)[-1]
 
 
+def _double_border(op) -> bool:
+    """A fused collective (the legend's double border); a fused gemm chain is no collective."""
+    return bool(getattr(op, "fused_from", None)) and op.op != "gemm_chain"
+
+
 def select_variant(cp, name: str) -> set[str]:
     """Nodes to keep when only variant `name` is shown (regions without it keep all)."""
     regions = cp.plan.regions
@@ -302,7 +307,7 @@ class _Builder:
         if op.op not in self.kinds:
             self.kinds.append(op.op)
         attrs = {"fillcolor": fill, "color": border, "tooltip": self.tooltip(v)}
-        if getattr(op, "fused_from", None) and op.op != "gemm_chain":  # the legend's "fused collective"
+        if _double_border(op):
             attrs.update(peripheries="2", penwidth="2.5")
         elif op.op == "select":
             attrs.update(shape="box", style="rounded,filled,dashed")
@@ -388,7 +393,7 @@ class _Builder:
         if "carry" in self.edge_kinds:
             rows.append(f'<TR><TD><FONT COLOR="{CARRY_COLOR}">╍╍▶</FONT></TD>'
                         '<TD ALIGN="LEFT">feeds the next repetition</TD></TR>')
-        if any(getattr(self.g.nodes[v]["op"], "fused_from", None) for v in self.g.nodes):
+        if any(_double_border(self.g.nodes[v]["op"]) for v in self.g.nodes):
             rows.append('<TR><TD><TABLE BORDER="1" CELLBORDER="1" CELLSPACING="1" CELLPADDING="3"><TR><TD> </TD>'
                         '</TR></TABLE></TD><TD ALIGN="LEFT">double border: fused collective (lists what it absorbed)</TD></TR>')
         if self.repeats:
