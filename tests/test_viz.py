@@ -318,6 +318,27 @@ def test_timeline_overlap_and_validation():
         check_records([{"stream": "main", "op": "a"}])
 
 
+def test_timeline_times_must_be_finite():
+    for s, e in ((float("nan"), 1.0), (0.0, float("inf"))):
+        with pytest.raises(TimelineError, match="must be finite numbers"):
+            check_records([{"stream": "main", "op": "a", "kind": "gemm", "start_us": s, "end_us": e}])
+
+
+def test_timeline_picture_formats_are_svg_and_png(tmp_path, capsys):
+    """-o out.pdf would get SVG text under a .pdf name: exit 2 before anything is drawn, naming
+    the formats (planner run --timeline also takes .json records)."""
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps(RECORDS))
+    for name in ("t.pdf", "t"):
+        assert main(["timeline", str(rec), "-o", str(tmp_path / name)]) == 2
+        assert not (tmp_path / name).exists()
+        assert "unknown timeline format" in capsys.readouterr().err
+    plan = PLANS / "k3_kda_projection.yaml"
+    assert main(["run", str(plan), "--num-tokens", "2", "--timeline", str(tmp_path / "t.pdf")]) == 2
+    err = capsys.readouterr().err
+    assert "--timeline" in err and ".json" in err and not (tmp_path / "t.pdf").exists()
+
+
 def test_timeline_cli(tmp_path, capsys, monkeypatch):
     rec = tmp_path / "rec.json"
     rec.write_text(json.dumps({"title": "t", "records": RECORDS}))

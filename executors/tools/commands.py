@@ -154,7 +154,7 @@ def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0, groups=None
     title = f"{plan.name}: {', '.join(f'{k}={v}' for k, v in b.items())}; variants " + ", ".join(
         sorted(set(ex.last_variants.values())) or ["-"]) + (" (kernels per stream in CUDA-graph replays, torch.profiler)"
                                                            if cuda else " (CPU wall clock: streams run in program order)")
-    if path.endswith(".json"):
+    if path.lower().endswith(".json"):
         with open(path, "w") as f:
             _json.dump(recs, f, indent=1)
     else:
@@ -218,6 +218,8 @@ def cmd_run(args) -> int:
                                f" (run with {ranks}, or {how})")
     dims = _dim_args(args)
     if getattr(args, "timeline", None):  # can it be written: before the run, not after it
+        from planner.viz.commands import check_timeline_output
+        check_timeline_output(args.timeline, "--timeline", also=(".json",))
         existed = os.path.exists(args.timeline)
         try:
             open(args.timeline, "ab").close()

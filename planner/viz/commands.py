@@ -16,7 +16,9 @@ from ..lang.loader import load_plan, parse_overrides
 from .dot import VizOptions, to_dot
 from .render import FORMATS, INSTALL_HINT, RenderError, html_page, render_dot, write_bytes
 
-__all__ = ["compile_for_viz", "cmd_viz", "cmd_timeline"]
+__all__ = ["compile_for_viz", "cmd_viz", "cmd_timeline", "check_timeline_output"]
+
+TIMELINE_FORMATS = (".svg", ".png")
 
 
 def _note(msg: str) -> None:
@@ -113,8 +115,19 @@ def load_records(path: str) -> tuple[list[dict], str]:
     return data, title
 
 
+def check_timeline_output(path: str, flag: str = "-o", also: tuple = ()) -> None:
+    """A timeline picture is .svg or .png (planner run --timeline also writes .json records):
+    another name would get SVG text under it."""
+    allowed = TIMELINE_FORMATS + also
+    ext = Path(path).suffix.lower()
+    if ext not in allowed:
+        raise PlanError.at(None, "param", f"{flag} {path}: unknown timeline format '{ext or '(no extension)'}'",
+                           f"use one of {', '.join(allowed)}")
+
+
 def cmd_timeline(args) -> int:
     from .timeline import TimelineError, render_timeline
+    check_timeline_output(args.output)
     records, title = load_records(args.records)
     out = Path(args.output)
     try:

@@ -69,7 +69,10 @@ def check_records(records) -> list[dict]:
             s, e = float(r["start_us"]), float(r["end_us"])
         except (TypeError, ValueError):
             raise TimelineError(f"record {i} ({r.get('op')}): start_us/end_us must be numbers") from None
-        if not (math.isfinite(s) and math.isfinite(e)) or e < s:
+        if not (math.isfinite(s) and math.isfinite(e)):
+            raise TimelineError(f"record {i} ({r.get('op')}): start_us/end_us must be finite numbers,"
+                                f" got {r['start_us']!r} and {r['end_us']!r}")
+        if e < s:
             raise TimelineError(f"record {i} ({r.get('op')}): end_us {e} is before start_us {s}")
         out.append({"stream": str(r["stream"]), "op": str(r["op"]), "kind": str(r.get("kind") or "op"),
                     "start_us": s, "end_us": e})
