@@ -31,19 +31,25 @@ def verify_failure(exc) -> str:
     return f"planner: internal error: the compiled plan fails verification: {exc}"
 
 
+def read_plan_tuning(path, plan) -> dict:
+    """A --tuning file for this plan, strictly: its limits must be the plan's and its variant
+    records of the plan's regions; a located PlanError (exit 2) naming the file otherwise."""
+    tuning = read_tuning(path)
+    try:  # the error's location names the file
+        check_limits(tuning, plan.tuned, "", plan.name)
+        check_variants(tuning, plan.regions, "", plan.name)
+    except ValueError as exc:
+        raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
+    return tuning
+
+
 def resolve_compile_tuning(args, plan) -> tuple[dict, str]:
     """(tuning, source line) for compile/viz: --tuning FILE (strict, its limits must be the
     plan's), else the shipped tuning for --device-name (default the H200 of the default profile;
     versions are not checked: compile runs no kernel), else none with a note."""
     path = getattr(args, "tuning", None)
     if path:
-        tuning = read_tuning(path)
-        try:  # the error's location names the file
-            check_limits(tuning, plan.tuned, "", plan.name)
-            check_variants(tuning, plan.regions, "", plan.name)
-        except ValueError as exc:
-            raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
-        return tuning, str(path)
+        return read_plan_tuning(path, plan), str(path)
     device = getattr(args, "device_name", None) or DEFAULT_DEVICE
     if device == "none":
         return {}, "none (--device-name none): plan defaults"

@@ -302,3 +302,26 @@ def test_tune_plan_times_only_the_variants_the_params_leave(tmp_path):
     assert sorted(v, key=int) == ["1", "2"] and all(set(x) == {"packed"} for x in v.values())
     assert res["limits"]["kda_two_branch_max"] == 0
     load_tuning(save_tuning(res, tmp_path / "t.json"))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", str(KDA), "--tokens", "abc"], "--tokens 'abc': expected sizes of num_tokens"),
+    (["bench", str(KDA), "--tokens", "8..1"], "--tokens '8..1': expected sizes"),
+    (["bench", str(KDA), "--tokens", "1,99"], "--tokens: 99 is outside num_tokens's range 1..16"),
+    (["bench", str(KDA), "--world-size", "0"], "--world-size must be at least 1"),
+    (["bench", str(PLANS / "k3_sp_tail.yaml"), "--world-size", "3"], "has size 8 but --world-size is 3"),
+    (["bench", str(KDA), "--tuning", "{missing}"], "cannot read the tuning file"),
+    (["bench", str(KDA), "--tuning", "{other}"], "limits.x: plan 'k3_kda_projection' declares no tuned limit"),
+    (["tune", str(KDA), "--dim", "tokens"], "--dim tokens: plan 'k3_kda_projection' has no dim 'tokens'"),
+    (["tune", str(KDA), "--buckets", "1,x"], "--buckets '1,x': expected sizes"),
+    (["tune", str(KDA), "--buckets", "0,4"], "--buckets: 0 is outside num_tokens's range 1..16"),
+])
+def test_tune_and_bench_arguments_checked_before_the_gpu(tmp_path, capsys, argv, says):
+    """Bad arguments are located errors with exit 2 where they are read, GPU or not: on a GPU a
+    malformed --tokens was a ValueError traceback and a bad --tuning failed inside the run."""
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"limits": {"x": 1}}))
+    argv = [a.format(missing=tmp_path / "missing.json", other=other) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "error[" in err and "GPU" not in err

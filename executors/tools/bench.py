@@ -34,6 +34,8 @@ def log(msg: str) -> None:
 
 
 def parse_tokens(text: str | None, default: list) -> list:
+    """'1,2,4..8' -> [1, 2, 4, 5, 6, 7, 8] (sorted, no repeats); default for none. ValueError for
+    anything but integers and LO..HI ranges."""
     if not text:
         return list(default)
     out = []

@@ -180,28 +180,16 @@ def _one_rank(body) -> dict:
         raise RankFailure({0: err}, {}, (0, *err)) from None
 
 
-def cmd_run(args) -> int:
-    from planner.lang.loader import load_plan, parse_overrides
-
-    from .check import pick_dims
-    from .ranks import RankFailure, run_ranks
-    overrides = parse_overrides(args.overrides)
-    plan = load_plan(args.plan, overrides)
+def _world(plan, given: int | None) -> int:
+    """--world-size of run and bench, or the smallest world every plan group's size divides;
+    exit 2 for one the groups cannot be laid out on or planner run cannot start here."""
     sizes = sorted({s for s in plan.groups.values() if s > 1})
     need = math.lcm(*sizes, 1)  # every group size divides it: the smallest such world
-    world = need if args.world_size is None else args.world_size
+    world = need if given is None else given
     if world < 1:
         raise PlanError.at(None, "param", "--world-size must be at least 1")
-    if args.device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            raise PlanError.at(None, "param", f"--device cuda: CUDA is not available here (torch {torch.__version__});"
-                               " run with --device cpu (gloo ranks)")
-        if torch.cuda.device_count() < world:
-            raise PlanError.at(None, "param", f"--device cuda: {world} ranks need {world} GPUs, this host has"
-                               f" {torch.cuda.device_count()}")
     if world > MAX_LOCAL_RANKS:
-        what = "--world-size" if args.world_size else "the smallest world the group sizes " + ", ".join(map(str, sizes)) + " divide"
+        what = "--world-size" if given else "the smallest world the group sizes " + ", ".join(map(str, sizes)) + " divide"
         raise PlanError.at(None, "param", f"{world} ranks ({what}) is more than planner run starts on one machine"
                            f" ({MAX_LOCAL_RANKS})")
     for name, size in plan.groups.items():
@@ -216,6 +204,41 @@ def cmd_run(args) -> int:
             raise PlanError.at(None, "param", f"plan group '{name}' has size {size}, which does not divide"
                                f" --world-size {world}: each rank must sit in one block of {size} ranks"
                                f" (run with {ranks}, or {how})")
+    return world
+
+
+def _sizes_arg(flag: str, text: str | None, plan, dim: str) -> list:
+    """--tokens of bench, --buckets of tune: integers and LO..HI ranges inside the dim's range."""
+    from .bench import parse_tokens
+    d = plan.dims[dim]
+    try:
+        out = parse_tokens(text, d.buckets)
+        if not out:  # "," or a range such as 8..1
+            raise ValueError(text)
+    except ValueError:
+        raise PlanError.at(None, "param", f"{flag} {text!r}: expected sizes of {dim} such as 1,2,4..8") from None
+    bad = [v for v in out if not d.lo <= v <= d.hi]
+    if bad:
+        raise PlanError.at(None, "param", f"{flag}: {bad[0]} is outside {dim}'s range {d.lo}..{d.hi}")
+    return out
+
+
+def cmd_run(args) -> int:
+    from planner.lang.loader import load_plan, parse_overrides
+
+    from .check import pick_dims
+    from .ranks import RankFailure, run_ranks
+    overrides = parse_overrides(args.overrides)
+    plan = load_plan(args.plan, overrides)
+    world = _world(plan, args.world_size)
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise PlanError.at(None, "param", f"--device cuda: CUDA is not available here (torch {torch.__version__});"
+                               " run with --device cpu (gloo ranks)")
+        if torch.cuda.device_count() < world:
+            raise PlanError.at(None, "param", f"--device cuda: {world} ranks need {world} GPUs, this host has"
+                               f" {torch.cuda.device_count()}")
     dims = _dim_args(args)
     if getattr(args, "timeline", None):  # can it be written: before the run, not after it
         from planner.viz.commands import check_timeline_output
@@ -239,7 +262,7 @@ def cmd_run(args) -> int:
     check_run(cp, bindings, args.device, world, args.check)  # a 52 TB input exits 2 here, not in an allocator
     body = (args.plan, overrides, ns, args.device, args.check, dims, args.seed)
     try:
-        if world == 1 and not sizes:
+        if world == 1 and all(s == 1 for s in plan.groups.values()):
             reports = [_one_rank(body)]
         else:
             reports = run_ranks(_rank_body, world, *body, backend="nccl" if args.device == "cuda" else "gloo",
@@ -346,11 +369,14 @@ def _gpu_or_exit() -> bool:
 def cmd_tune(args) -> int:
     from planner.lang.loader import parse_overrides
 
-    from .bench import parse_tokens
     from .tune import save_tuning, tune_plan
     overrides = parse_overrides(args.overrides)
     from planner.lang.loader import load_plan
-    load_plan(args.plan, overrides)  # plan errors exit 2 before anything else
+    plan = load_plan(args.plan, overrides)  # plan and argument errors exit 2 before anything else
+    if args.dim not in plan.dims:
+        raise PlanError.at(None, "param", f"--dim {args.dim}: plan '{plan.name}' has no dim '{args.dim}'"
+                           f" (dims: {', '.join(plan.dims) or 'none'})")
+    buckets = _sizes_arg("--buckets", args.buckets, plan, args.dim) if args.buckets else None
     externs = None
     if args.externs:
         from .tune_externs import load_externs
@@ -361,7 +387,7 @@ def cmd_tune(args) -> int:
             return 2
     if not _gpu_or_exit():
         return 2
-    res = tune_plan(args.plan, overrides, dim=args.dim, buckets=parse_tokens(args.buckets, []) or None, externs=externs,
+    res = tune_plan(args.plan, overrides, dim=args.dim, buckets=buckets, externs=externs,
                     externs_from=args.externs,
                     max_configs=args.max_configs, iters=args.iters, trials=args.trials, nsets=args.sets,
                     variants=not args.no_variants, min_gain=args.min_gain, flashinfer=not args.no_flashinfer,
@@ -376,15 +402,18 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from planner.commands import read_plan_tuning
     from planner.lang.loader import load_plan, parse_overrides
 
-    from .bench import BENCH_COLS, bench_plan, parse_tokens, write_report
+    from .bench import BENCH_COLS, bench_plan, write_report
     overrides = parse_overrides(args.overrides)
-    plan = load_plan(args.plan, overrides)
+    plan = load_plan(args.plan, overrides)  # plan and argument errors exit 2 before anything else
     dim = "num_tokens" if "num_tokens" in plan.dims else next(iter(plan.dims), None)
-    tokens = parse_tokens(args.tokens, plan.dims[dim].buckets if dim else [])
-    sizes = sorted({s for s in plan.groups.values() if s > 1})
-    world = math.lcm(*sizes, 1) if args.world_size is None else args.world_size  # as planner run
+    tokens = _sizes_arg("--tokens", args.tokens, plan, dim) if dim else []
+    world = _world(plan, args.world_size)  # as planner run
+    if args.tuning:
+        read_plan_tuning(args.tuning, plan)
+        _check_tuned_backends(args.tuning)
     if not _gpu_or_exit():
         return 2
     res = bench_plan(args.plan, overrides, tokens, tuning=args.tuning, world=world, iters=args.iters,
