@@ -242,6 +242,33 @@ ops:
     assert m["peak_at"] == "b"
 
 
+def test_memory_of_a_region_output_is_the_chosen_variants_value(tmp_path):
+    """A region output is the value of the variant that ran (the executor binds that tensor): the
+    select adds no storage, and the other variant's values are not made in that call."""
+    cp = compiled(tmp_path, """
+outputs: [o]
+ops:
+  - region: r
+    outputs: [o]
+    variants:
+      - name: small
+        when: num_tokens <= 64
+        ops:
+          - a: gemm(x, w)
+          - o: add(a, a)
+      - name: big
+        ops:
+          - a: gemm(x, w)
+          - o: copy(a)
+""", H)
+    mem = cp.report["estimate-memory"]["variants"]
+    row = 4096 * 2  # one [1, 4096] bf16 row
+    assert mem["big"]["bindings"] == {"num_tokens": 4096}
+    assert mem["big"]["peak_bytes"] == 2 * 4096 * row        # a and o, nothing for the select
+    assert mem["small"]["peak_bytes"] == 2 * 64 * row
+    assert mem["big"]["peak_at"] == "r/big/o"
+
+
 def test_verify_catches_broken_invariants(tmp_path):
     body = """
 outputs: [c]

@@ -4,7 +4,8 @@ Pre: a schedule. Post: cp.report['estimate-memory'] with, per plan variant (per
 combination of differing regions' variants that can run together), the
 peak bytes of activations at that variant's largest bucket (the largest size its
 gates allow: a variant gated to num_tokens < 16 is reported at 15 tokens, not at
-the dims' maximum), where it peaks, and the weight and input bytes. Views share their base's storage; a packed buffer that
+the dims' maximum), where it peaks, and the weight and input bytes. Views share their base's storage, and a region output the storage of the chosen
+variant's value (the other variants' values are not made in that call); a packed buffer that
 producers write into is allocated at its first writer; outputs live to the end.
 """
 
@@ -17,12 +18,29 @@ from ..shapes import nbytes_at
 NAME = "estimate-memory"
 
 
-def _root(cp: Compiled, name: str) -> str:
-    seen = 0
-    while cp.tensors[name].alias_of and seen < 64:
-        name = cp.tensors[name].alias_of
-        seen += 1
+def _root(cp: Compiled, name: str, via: dict | None = None) -> str:
+    """The tensor whose storage `name` is: through views, and through region outputs to the
+    value of the variant that ran (via: {select output: chosen input})."""
+    via = via or {}
+    for _ in range(64):
+        if name in via:
+            name = via[name]
+        elif cp.tensors[name].alias_of:
+            name = cp.tensors[name].alias_of
+        else:
+            break
     return name
+
+
+def _read(op, choice: dict | None, via: dict) -> list[str]:
+    """What an op reads in a call of this variant choice. A select (a region output) reads only
+    the chosen variant's value, the other variants' values do not exist in that call, and hands
+    back that very tensor (the executor binds it; no copy), recorded in `via`."""
+    if op.op != "select" or not choice or choice.get(op.region) not in op.variants:
+        return list(op.inputs())
+    chosen = op.choices[op.variants.index(choice[op.region])]
+    via[op.out[0]] = chosen
+    return [chosen]
 
 
 def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
@@ -34,12 +52,13 @@ def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
     idx = {v: i for i, v in enumerate(order)}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
+    via: dict[str, str] = {}
     for v in order:
         op = g.nodes[v]["op"]
-        for name in list(op.out) + list(op.inputs()):
+        for name in _read(op, choice, via) + list(op.out):
             if name not in cp.tensors:
                 continue
-            r = _root(cp, name)
+            r = _root(cp, name, via)
             if cp.tensors[r].kind in ("input", "weight"):
                 continue
             first.setdefault(r, idx[v])
@@ -47,7 +66,7 @@ def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
     end = len(order)
     for o in cp.plan.outputs:
         if o in cp.tensors:
-            r = _root(cp, o)
+            r = _root(cp, o, via)
             if r in last:
                 last[r] = end
     delta = [0] * (end + 2)
