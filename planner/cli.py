@@ -41,11 +41,32 @@ def print_plan_error(err: PlanError, emit: str = "text") -> None:
         print(text, file=sys.stderr)
 
 
+class _Usage(Exception):
+    """Bad usage found by argparse (exit 2, which matches our contract)."""
+
+    def __init__(self, parser, message: str):
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse exits 2 on bad usage, which matches our contract
-        self.print_usage(sys.stderr)
-        print(f"planner: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+    def error(self, message):
+        raise _Usage(self, message)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """--emit json among the arguments, read without the parser (which is what just failed)."""
+    return any(a == "--emit=json" or (a == "--emit" and i + 1 < len(argv) and argv[i + 1] == "json")
+               for i, a in enumerate(argv))
+
+
+def _usage_error(exc: _Usage, argv: list[str]) -> int:
+    if _wants_json(argv):
+        print_plan_error(PlanError.at(None, "param", exc.message), "json")
+    else:
+        exc.parser.print_usage(sys.stderr)
+        print(f"planner: error: {exc.message}", file=sys.stderr)
+    return 2
 
 
 def _plan_args(p) -> None:
@@ -203,7 +224,11 @@ def _handler(ref: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _Usage as exc:
+        return _usage_error(exc, argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2

@@ -97,6 +97,22 @@ def test_cli_process_exit_codes_and_no_traceback(tmp_path):
     assert data["ok"] is False and data["errors"][0]["line"] >= 2 and data["errors"][0]["code"] == "yaml"
 
 
+def test_bad_usage_under_emit_json_is_a_json_error(tmp_path, capsys):
+    """A consumer of --emit json reads one JSON document on stdout for argument errors too (they
+    came as argparse's usage text on stderr, stdout empty); without --emit json they still do."""
+    from planner.cli import main
+    good = write(tmp_path, HEADER + "outputs: [y]\nops:\n  - y: gemm(x, w)\n")
+    for argv in (["compile", str(good), "--streams", "two", "--emit", "json"],
+                 ["run", str(good), "--emit=json", "--seed", "x"], ["validate", "--emit", "json"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        data = json.loads(out)
+        assert data["ok"] is False and data["errors"][0]["code"] == "param" and err == ""
+    assert main(["compile", str(good), "--streams", "two"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "usage: planner compile" in err and "invalid int value: 'two'" in err
+
+
 def test_located_message_format(tmp_path):
     err = error(tmp_path, "outputs: [y]\nops:\n  - y, z: split(x, [48, 15])\n")
     text = err.diagnostics[0].format()

@@ -202,6 +202,9 @@ def test_tune_and_bench_registered_and_need_a_gpu(capsys):
     assert main(["bench", str(KDA), "--tokens", "1,2"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert main(["tune", str(PLANS / "missing.yaml")]) == 2
+    capsys.readouterr()
+    assert main(["bench", str(KDA), "--emit", "json"]) == 2   # the error is JSON too
+    assert "needs a CUDA GPU" in json.loads(capsys.readouterr().out)["errors"][0]["message"]
 
 
 def test_report_helpers(tmp_path):

@@ -354,16 +354,14 @@ def _table(reports: list[dict], world: int, args) -> str:
     return "\n".join(lines)
 
 
-def _gpu_or_exit() -> bool:
+def _need_gpu() -> None:
+    """tune and bench time kernels: without a CUDA GPU, an error with exit 2 (JSON under --emit json)."""
     try:
         import torch
     except ImportError:
-        print("planner: this command needs torch and a CUDA GPU", file=sys.stderr)
-        return False
+        raise PlanError.at(None, "param", "this command needs torch and a CUDA GPU") from None
     if not torch.cuda.is_available():
-        print("planner: this command times kernels and needs a CUDA GPU (none found)", file=sys.stderr)
-        return False
-    return True
+        raise PlanError.at(None, "param", "this command times kernels and needs a CUDA GPU (none found)")
 
 
 def cmd_tune(args) -> int:
@@ -385,8 +383,7 @@ def cmd_tune(args) -> int:
         except ValueError as exc:
             print(f"planner tune: {exc}", file=sys.stderr)
             return 2
-    if not _gpu_or_exit():
-        return 2
+    _need_gpu()
     res = tune_plan(args.plan, overrides, dim=args.dim, buckets=buckets, externs=externs,
                     externs_from=args.externs,
                     max_configs=args.max_configs, iters=args.iters, trials=args.trials, nsets=args.sets,
@@ -414,8 +411,7 @@ def cmd_bench(args) -> int:
     if args.tuning:
         read_plan_tuning(args.tuning, plan)
         _check_tuned_backends(args.tuning)
-    if not _gpu_or_exit():
-        return 2
+    _need_gpu()
     res = bench_plan(args.plan, overrides, tokens, tuning=args.tuning, world=world, iters=args.iters,
                      trials=args.trials, nsets=args.sets)
     meta = {k: v for k, v in res.items() if k != "rows"}
