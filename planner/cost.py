@@ -8,12 +8,10 @@ effective per rank; the p2p all-gather ~7 us and ~350 GB/s). A tuning file's mea
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
-from .errors import PlanError
+from .errors import Loc, PlanError, read_json
 from .expr import eval_int
 from .ops import COLLECTIVES, VIEW_OPS
 from .shapes import DTYPES, FP8_DTYPES
@@ -61,31 +59,29 @@ class DeviceProfile:
     @classmethod
     def load(cls, path: str | None, overrides: dict | None = None) -> DeviceProfile:
         data: dict = {}
+        loc = Loc(str(path)) if path else None
         if path:
-            try:
-                data = json.loads(Path(path).read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise PlanError.at(None, "io", f"cannot read device profile {path}: {exc}") from None
+            data = read_json(path, "device profile")
             if not isinstance(data, dict):
-                raise PlanError.at(None, "schema", f"device profile {path} must be a JSON object")
+                raise PlanError.at(loc, "schema", f"device profile {path} must be a JSON object")
         data.update(overrides or {})
         known = {f.name for f in fields(cls)}
         bad = [k for k in data if k not in known]
         if bad:
-            raise PlanError.at(None, "schema", f"device profile has unknown field '{bad[0]}' (known: {', '.join(sorted(known))})")
+            raise PlanError.at(loc, "schema", f"device profile has unknown field '{bad[0]}' (known: {', '.join(sorted(known))})")
         where = f"device profile {path}" if path else "device profile"
         for k, v in data.items():
             if k == "name":
                 if not isinstance(v, str):
-                    raise PlanError.at(None, "schema", f"{where}: 'name' must be a string, got {v!r}")
+                    raise PlanError.at(loc, "schema", f"{where}: 'name' must be a string, got {v!r}")
                 continue
             if k == "measured":
-                raise PlanError.at(None, "schema", f"{where}: measured times come from a tuning file (--tuning)")
+                raise PlanError.at(loc, "schema", f"{where}: measured times come from a tuning file (--tuning)")
             low = 0 if k in _MAY_BE_ZERO else None
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
                     v < 0 if low == 0 else v <= 0):
                 want = "a finite number >= 0" if low == 0 else "a finite number > 0"
-                raise PlanError.at(None, "schema", f"{where}: '{k}' must be {want}, got {v!r}")
+                raise PlanError.at(loc, "schema", f"{where}: '{k}' must be {want}, got {v!r}")
         return cls(**data)
 
     def to_json(self) -> dict:

@@ -8,10 +8,11 @@ exits 2; nothing here ever shows a traceback to the user.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Loc", "Diagnostic", "PlanError", "closest", "did_you_mean"]
+__all__ = ["Loc", "Diagnostic", "PlanError", "closest", "did_you_mean", "read_json"]
 
 # error classes, documented in docs/plan-language.md#errors
 CODES = {
@@ -121,3 +122,33 @@ def display_path(path: Path | str) -> str:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(p)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:  # json.loads would keep the last silently; plans refuse duplicates too
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def read_json(path, what: str):
+    """A JSON file named on the command line (a tuning file, a device profile, timeline records):
+    its value, or a PlanError located at the file (exit 2) when it cannot be read, is not UTF-8,
+    is not JSON (with line and column), repeats a key or nests too deep to decode."""
+    loc = Loc(str(path))
+    try:
+        return json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise PlanError.at(Loc(str(path), exc.lineno, exc.colno), "io", f"cannot read the {what}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError.at(loc, "io", f"cannot read the {what}: not UTF-8 text (byte {exc.start})") from None
+    except _DuplicateKey as exc:
+        raise PlanError.at(loc, "dup", f"duplicate key '{exc.args[0]}' in the {what}") from None
+    except (OSError, RecursionError) as exc:
+        raise PlanError.at(loc, "io", f"cannot read the {what}: {getattr(exc, 'strerror', None) or exc}") from None

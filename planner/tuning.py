@@ -41,7 +41,7 @@ import re
 from pathlib import Path
 
 from .cost import TUNABLE_KINDS, split_signature
-from .errors import Loc, PlanError, did_you_mean
+from .errors import Loc, PlanError, did_you_mean, read_json
 
 __all__ = ["FORMAT_KEYS", "ALL_KEYS", "extern_note", "fusion_key", "new_tuning", "validate_tuning", "load_tuning", "save_tuning", "parse_signature",
            "read_tuning", "check_limits", "check_variants", "packaged", "match_tuning", "gemm_shapes", "DEFAULT_DEVICE", "TUNED_DIR"]
@@ -280,33 +280,8 @@ def read_tuning(path: str | None) -> dict:
     file cannot be read or is malformed."""
     if not path:
         return {}
-    try:
-        data = json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as exc:
-        raise PlanError.at(Loc(str(path), exc.lineno, exc.colno), "io",
-                           f"cannot read the tuning file: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise PlanError.at(Loc(str(path)), "io", "cannot read the tuning file: not UTF-8 text"
-                           f" (byte {exc.start})") from None
-    except _DuplicateKey as exc:
-        raise PlanError.at(Loc(str(path)), "dup", f"duplicate key '{exc.args[0]}' in the tuning file") from None
-    except (OSError, RecursionError) as exc:
-        raise PlanError.at(Loc(str(path)), "io", f"cannot read the tuning file: {getattr(exc, 'strerror', None) or exc}"
-                           ) from None
+    data = read_json(path, "tuning file")
     try:
         return validate_tuning(data, "")  # the error's location names the file
     except ValueError as exc:
         raise PlanError.at(Loc(str(path)), "schema", str(exc)) from None
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _unique_keys(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:  # json.loads would keep the last silently; plans refuse duplicates too
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out

@@ -30,6 +30,31 @@ def test_device_profile_values(tmp_path, capsys, field, value, want):
     assert want in err and str(p) in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("text, code, want", [
+    (b"\xff\xfe", "io", "cannot read the device profile: not UTF-8 text"),
+    (b"[" * 100000, "io", "cannot read the device profile: maximum recursion depth"),
+    (b'{"name": "a", "name": "b"}', "dup", "duplicate key 'name' in the device profile"),
+    (b'{"hbm": 1}', "schema", "device profile has unknown field 'hbm'"),
+    (b'{"hbm_gbps": ', "io", "cannot read the device profile: Expecting value"),
+])
+def test_device_profile_files_read_like_tuning_files(tmp_path, capsys, text, code, want):
+    """A device profile that is not UTF-8 or nests too deep was a traceback, a repeated key kept
+    the last silently, and the errors named no file: now each is located at the file, as a
+    tuning file's and timeline records' are."""
+    p = tmp_path / "prof.json"
+    p.write_bytes(text)
+    assert main(["compile", MLA, "--device-profile", str(p), "--emit", "json"]) == 2
+    e = json.loads(capsys.readouterr().out)["errors"][0]
+    assert e["code"] == code and want in e["message"] and e["file"] == str(p)
+
+
+def test_timeline_records_files_that_cannot_be_decoded(tmp_path, capsys):
+    p = tmp_path / "rec.json"
+    p.write_bytes(b"[" * 100000)
+    assert main(["timeline", str(p), "-o", str(tmp_path / "t.svg")]) == 2
+    assert "cannot read the timeline records: maximum recursion depth" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
 def test_tuning_measured_times_must_be_finite(tmp_path, capsys, value):
     data = json.loads((PLANS.parent / "planner/tuned/2026-12-01_h200_dsv3_mla_input_proj.json").read_text())

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import Loc, PlanError
+from ..errors import Loc, PlanError, read_json
 from ..lang.loader import load_plan, parse_overrides
 from .dot import VizOptions, to_dot
 from .render import FORMATS, INSTALL_HINT, RenderError, html_page, render_dot, write_bytes
@@ -98,14 +98,8 @@ def cmd_viz(args) -> int:
 
 def load_records(path: str) -> tuple[list[dict], str]:
     """Records saved as JSON: a list, or {"records": [...], "title": ...}."""
-    import json
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PlanError.at(Loc(str(p)), "io", f"cannot read {p}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise PlanError.at(Loc(str(p)), "schema", f"{p} is not valid JSON: {exc}") from None
+    data = read_json(p, "timeline records")
     title = ""
     if isinstance(data, dict):
         title = str(data.get("title", ""))
