@@ -35,3 +35,10 @@ def test_run_timeline_json_names_its_variants(tmp_path, capsys):
     assert main(["run", str(PLANS / "k3_kda_projection.yaml"), "--num-tokens", "2",
                  "--timeline", str(svg)]) == 0
     assert "gates as if" not in capsys.readouterr().out  # the same variants: nothing to add
+
+
+def test_as_if_capturing_without_a_timeline_is_refused(capsys):
+    """The flag only selects the variants of the --timeline call: alone it changed nothing."""
+    assert main(["run", str(PLANS / "k3_kda_projection.yaml"), "--as-if-capturing"]) == 2
+    err = capsys.readouterr().err
+    assert "--as-if-capturing" in err and "add --timeline FILE" in err

@@ -240,6 +240,9 @@ def cmd_run(args) -> int:
             raise PlanError.at(None, "param", f"--device cuda: {world} ranks need {world} GPUs, this host has"
                                f" {torch.cuda.device_count()}")
     dims = _dim_args(args)
+    if getattr(args, "as_if_capturing", False) and not getattr(args, "timeline", None):
+        raise PlanError.at(None, "param", "--as-if-capturing selects the variants of the --timeline call and"
+                           " nothing else (--check runs every variant anyway)", "add --timeline FILE")
     if getattr(args, "timeline", None):  # can it be written: before the run, not after it
         from planner.viz.commands import check_timeline_output
         check_timeline_output(args.timeline, "--timeline", also=(".json",))
