@@ -228,6 +228,27 @@ ops:
     assert any("tp8_only" in n for n in cp.report["dce"])
 
 
+def test_two_fused_gathers_that_need_each_others_results_are_not_both_packed(tmp_path):
+    """a1 + a2 (over tp) and b1 + b2 (over dp) are each free of paths, but a1 feeds b2 and b1
+    feeds a2: packing both would be a cycle (compile crashed in the stream pass). The earlier
+    bucket is packed; the other is listed with the reason."""
+    h = H.replace("v: bf16[hidden, 4096]", "v: bf16[hidden, 4096]\n  wbig: bf16[4194304, hidden]")
+    cp = compiled(tmp_path, """
+outputs: [a2, b2, big]
+ops:
+  - big: gemm(x, wbig)
+  - a1: all_gather(x, tp)
+  - b1: all_gather(x, dp)
+  - fa: gemm(b1[:num_tokens], v[:, :hidden])
+  - a2: all_gather(fa, tp)
+  - fb: gemm(a1[:num_tokens], v[:, :hidden])
+  - b2: all_gather(fb, dp)
+""", h)
+    f = fusion(cp)
+    assert [b["members"] for b in f["buckets"]] == [["a1", "a2"]]
+    assert any(n["ops"] == ["b1", "b2"] and "a cycle" in n["reason"] for n in f["not_fused"])
+
+
 def test_memory_estimate(tmp_path):
     cp = compiled(tmp_path, """
 outputs: [c]

@@ -42,6 +42,34 @@ FUSABLE = PACKABLE_COLLECTIVES
 ELEMENTWISE_PASSES = {"add": 3, "copy": 2}
 
 
+def _acyclic(g, buckets: list[list[str]]) -> bool:
+    """The graph with each bucket's members made one op (the packed collective: it reads every
+    member's input, every member's reader reads it) is still a DAG."""
+    rep = {v: ms[0] for ms in buckets for v in ms}
+    q = nx.DiGraph()
+    q.add_nodes_from(rep.get(v, v) for v in g)
+    q.add_edges_from((rep.get(u, u), rep.get(v, v)) for u, v in g.edges if rep.get(u, u) != rep.get(v, v))
+    return nx.is_directed_acyclic_graph(q)
+
+
+def _without_cycles(g, kept: list, report: dict) -> list:
+    """The buckets (in plan order) that can all be packed: no path joins the members of one
+    bucket, but two buckets over different groups can each need the other's results (a1 feeds
+    b2 and b1 feeds a2); packing both would be a cycle. The earlier bucket is kept."""
+    if len(kept) < 2 or _acyclic(g, [b[0] for b in kept]):
+        return kept
+    out: list = []
+    for b in kept:
+        if _acyclic(g, [k[0] for k in out] + [b[0]]):
+            out.append(b)
+            continue
+        other = next((k[0] for k in out if not _acyclic(g, [k[0], b[0]])), None)
+        why = (f"packed, they and the packed {' + '.join(other)} would each wait on the other's results (a cycle)"
+               if other else "packed, they would close a cycle through the other packed collectives")
+        report["not_fused"].append({"ops": b[0][:2], "reason": why})
+    return out
+
+
 def _strided_write_pays(op_kind: str, cfg) -> bool:
     """In place beats producing contiguously and copying in the pack (2 passes)."""
     k = ELEMENTWISE_PASSES.get(op_kind)
@@ -212,10 +240,11 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             report["not_fused"].append({"ops": members[:2], "reason": reason})
         else:
             kept.append((members, rows, loss_fused, loss_sep))
+    kept = _without_cycles(g, sorted(kept, key=lambda b: pos[b[0][0]]), report)
     if not kept:
         return cp, False
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, probes)
-    for n, (members, rows, loss_fused, loss_sep) in enumerate(sorted(kept, key=lambda b: pos[b[0][0]])):
+    for n, (members, rows, loss_fused, loss_sep) in enumerate(kept):
         b = _rewrite(cp, cfg, members, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx)
         mid = rows[len(rows) // 2]
         b["estimate"] = {"separate_us": round(mid[1], 2), "packed_us": round(mid[2], 2), "at": dict(mid[0]),
