@@ -92,6 +92,11 @@ def check_scales(ctx, op, a, b) -> tuple[str, str]:
             ctx.fail(f"{f} '{sname}' is {fmt_shape(s.shape)}, which does not fit the blocks of '{operand.name}'"
                      f" {fmt_shape(operand.shape)}: expected {expected_scales(ctx, role, operand)}", f)
     ka, kb = pair_kinds(a.shape, b.shape, specs["a"].shape, specs["b"].shape, ctx.probes.equal)
+    g = specs["a"].meta.get("scale_group")  # set by quantize on the scales it makes
+    if ka == "block" and g is not None and g != BLOCK and not ctx.probes.equal(g, a.shape[1]):
+        ctx.fail(f"scale_a '{op.scale_a}' holds groups of {g} along K, but a scale_a of shape"
+                 f" {fmt_shape(specs['a'].shape)} is read as 1x{BLOCK} blocks: quantize with block=[1, {BLOCK}]"
+                 f" (or [1, K] for per-token scales)", "scale_a")
     if (ka == "block") != (kb == "block"):
         ctx.fail(f"scale_a is {ka} but scale_b is {kb}: block scales pair with block scales"
                  " (1x128 activations with 128x128 weights)", "scale_b")
@@ -133,4 +138,5 @@ class Quantize(OpBase):
             if g != 128 or dt != "fp8_e4m3" or t.dtype not in ("bf16", "fp16"):
                 ctx.fail(f"backend=flashinfer quantizes bf16/fp16 to fp8_e4m3 in groups of 128 only (here {t.dtype}"
                          f" to {dt}, groups of {g}); use backend=auto or torch", "backend")
-        return [out_spec(self, ctx, t.shape, dt, 0), out_spec(self, ctx, (t.shape[0], k // g), "fp32", 1)]
+        return [out_spec(self, ctx, t.shape, dt, 0), out_spec(self, ctx, (t.shape[0], k // g), "fp32", 1,
+                                                                  meta={"scale_group": g})]

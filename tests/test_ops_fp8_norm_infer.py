@@ -209,3 +209,30 @@ ops:
     ex = build_executor(compile_plan(plan), w, device="cpu")
     ex(dims={"num_tokens": 3}, **ins)
     assert ex.last_variants == {"r": "fp8"}
+
+
+def test_quantize_groups_other_than_128_are_not_read_as_blocks(tmp_path):
+    """K = 192 in groups of 96 gives scales [T, 2], the shape of 1x128 block scales at that K:
+    the gemm would apply them to columns 0..127 and 128..191, not the groups they belong to."""
+    head = """
+plan: t
+dims:
+  num_tokens: 1..16
+inputs:
+  x: bf16[num_tokens, 192]
+weights:
+  w: fp8_e4m3[64, 192]
+  sw: fp32[1, 2]
+  sc: fp32[64, 1]
+"""
+    body = """
+outputs: [y]
+ops:
+  - xq, xs: quantize(x, fp8_e4m3, block=[1, 96])
+  - y: gemm(xq, w, scale_a=xs, scale_b=sw)
+"""
+    d = error(tmp_path, body, head).diagnostics[0]
+    assert d.code == "shape" and (d.loc.line, d.loc.col) == (14, 28), d
+    assert "scale_a 'xs' holds groups of 96 along K" in d.message and "block=[1, 128]" in d.message
+    # one group per row (per-token scales) is what the gemm reads at this K
+    load(tmp_path, body.replace("96", "192").replace("scale_b=sw", "scale_b=sc"), head)
