@@ -90,20 +90,29 @@ def _gate_names(expr):
 _ANY_WORLD = (1, 2, 4, 8, 16, 32, 64)
 
 
+# the calls a gate over the capture state or the device may see: captured and eager on the GPU, eager on the CPU
+_CALL_CASES = [(True, "cuda", 90), (False, "cuda", 90), (False, "cpu", 0)]
+
+
 def _can_hold(g, facts, v=None, cp: Compiled | None = None) -> bool:
     """The gate of variant v at these facts: at some rank of the world where it reads `rank`, in
-    some world where it reads `world_size` and the plan has no group to fix it. One that cannot be
-    evaluated there (a division by zero at these sizes) is left to run time, where it fails with
-    its own message."""
+    some world where it reads `world_size` and the plan has no group to fix it, in some call
+    (_CALL_CASES, these facts' first) where it reads `capturing`, `device` or `cc`. One that cannot
+    be evaluated there (a division by zero at these sizes) is left to run time, where it fails
+    with its own message."""
     uses = set(getattr(v, "uses", ()) or ())
     worlds = [facts.world_size]
     if "world_size" in uses and cp is not None and not any(s > 1 for s in cp.plan.groups.values()):
         worlds = list(_ANY_WORLD)
+    calls = [(facts.capturing, facts.device, facts.cc)]
+    if uses & {"capturing", "device", "cc"}:
+        calls += [c for c in _CALL_CASES if c != calls[0]]
     try:
-        for w in worlds:
-            for r in range(min(w, 1024)) if "rank" in uses else (facts.rank,):
-                if g(dataclasses.replace(facts, world_size=w, rank=r)):
-                    return True
+        for cap, dev, cc in calls:
+            for w in worlds:
+                for r in range(min(w, 1024)) if "rank" in uses else (facts.rank,):
+                    if g(dataclasses.replace(facts, capturing=cap, device=dev, cc=cc, world_size=w, rank=r)):
+                        return True
         return False
     except ArithmeticError:
         return True
@@ -222,7 +231,8 @@ def variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
 
 def running_variants(cp: Compiled, b: dict, tuned: dict) -> dict[str, str]:
     """Region -> the variant that takes a call at bindings b: the first whose gate can hold
-    (optimistic facts: inside a graph capture on the GPU) and that no variant before it takes."""
+    (optimistic facts: inside a graph capture on the GPU, then eager calls where the gate reads
+    the capture state or the device) and that no variant before it takes."""
     out = {}
     gates: dict = {}
     for rid, vs in _variants(cp).items():

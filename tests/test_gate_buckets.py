@@ -214,3 +214,16 @@ def test_a_variant_shadowed_by_an_earlier_one_is_named(tmp_path, capsys):
     assert main(["validate", str(p)]) == 0  # a warning, not an error
     err = capsys.readouterr().err
     assert f"warning: {p}:" in err and "variant 'tiny' of region r never runs" in err and "'small'" in err
+
+
+def test_a_variant_gated_on_eager_calls_or_the_device_runs(tmp_path):
+    """A gate that holds outside a capture (or on the CPU) runs there: it is not 'never runs'."""
+    from planner.analysis import never_running
+
+    for gate in ("not capturing", "device == 'cpu'", "cc == 0", "not capturing and num_tokens <= 8"):
+        cp = compiled(tmp_path, SHADOWED.replace("num_tokens <= 16", gate), header=HDR)
+        never = never_running(cp, cp.plan.tuned)
+        assert ("r", "small") not in never, (gate, never)
+        assert not cp.report["estimate-memory"]["variants"]["small"].get("never_runs"), gate
+    cp = compiled(tmp_path, SHADOWED.replace("num_tokens <= 16", "capturing and device == 'cpu'"), header=HDR)
+    assert never_running(cp, cp.plan.tuned)[("r", "small")] == "its gate holds at no size the dims allow"
