@@ -265,3 +265,21 @@ def test_weights_that_are_not_the_plans_are_named_as_such(alias):
         build_executor(ex.compiled, {"wn": wn, "zz": wn}, device="cpu")
     with pytest.raises(BuildError, match=r"weights \['wn'\] are missing$"):
         build_executor(ex.compiled, {}, device="cpu")
+
+
+@pytest.mark.parametrize("name", ["dims", "out", "self", "_facts"])
+def test_an_input_named_like_an_argument_of_the_call_is_refused_where_declared(tmp_path, name):
+    from tests.planutil import diagnostic
+    d = diagnostic(tmp_path, f"""
+plan: t
+dims:
+  num_tokens: 1..16
+inputs:
+  x: bf16[num_tokens, 8]
+  {name}: bf16[num_tokens, 8]
+outputs: [y]
+ops:
+  - y: add(x, {name})
+""", header="")
+    assert d.code == "schema" and (d.loc.line, d.loc.col) == (6, 3)
+    assert f"input '{name}' cannot be passed by name" in d.message

@@ -40,6 +40,8 @@ from .sections import (
 __all__ = ["load_plan", "parse_overrides"]
 
 _POOL = re.compile(r"^(main|aux([1-9]\d*)?)$")  # the planner's pool names, usable without a 'streams:' list
+# the executor call's own keyword arguments (executors.executor.Executor.__call__): no input may take them
+CALL_KEYWORDS = {"self", "dims", "out", "_facts"}
 
 
 def parse_overrides(items: list[str] | None) -> dict:
@@ -129,6 +131,10 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
             if not IDENT.fullmatch(name):
                 raise PlanError.at(root_src.loc(p), "schema", f"'{name}' is not a valid tensor name"
                                    " (ASCII letters, digits and _, not starting with a digit)")
+            if kind == "input" and name in CALL_KEYWORDS:
+                raise PlanError.at(root_src.loc(p), "schema", f"input '{name}' cannot be passed by name: the"
+                                   f" executor call takes '{name}' as its own argument (ex(dims=..., out=...,"
+                                   " <input>=tensor))", "rename the input")
             if name in tensors:
                 raise PlanError.at(root_src.loc(p), "dup", f"tensor '{name}' is declared twice")
             tensors[name] = tensor_decl(name, raw, kind, root_src, p, params, dims, probes)
