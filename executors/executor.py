@@ -136,7 +136,11 @@ class Executor:
 
     # ------------------------------------------------------------ the call
 
-    def __call__(self, dims: dict | None = None, _facts: Facts | None = None, out: dict | None = None, **inputs):
+    def __call__(self, *args, dims: dict | None = None, _facts: Facts | None = None, out: dict | None = None,
+                 **inputs):
+        if args:
+            raise InputError(f"plan '{self.plan.name}' takes its inputs by name, ex({', '.join(f'{n}=...' for n in self.plan.inputs)});"
+                             f" got {len(args)} positional argument(s)")
         if torch.compiler.is_compiling():
             # under Dynamo the call is one opaque custom op (executors.custom_op): streams, events
             # and gates run inside it at run time, the fake kernel gives the traced shapes

@@ -187,6 +187,8 @@ def prepare_weights(cp, weights: dict, device=None, prefs=None, prepack: bool = 
 def load_weights(ex, new: dict) -> None:
     """Write new row-major weights into an executor's prepared tensors, in place (the same
     preparation step; addresses stay, so captured and compiled graphs stay valid)."""
+    if not isinstance(new, dict):
+        raise ValueError(f"load_weights takes a dict {{weight name: tensor}}, got {type(new).__name__}")
     for name, w in new.items():
         dst = ex._weights.get(name)
         if dst is None:

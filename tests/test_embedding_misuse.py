@@ -267,6 +267,16 @@ def test_weights_that_are_not_the_plans_are_named_as_such(alias):
         build_executor(ex.compiled, {}, device="cpu")
 
 
+def test_inputs_are_taken_by_name_only(alias):
+    ex, _ = alias
+    x = torch.randn(3, 64).bfloat16()
+    with pytest.raises(InputError, match=r"takes its inputs by name, ex\(x=\.\.\., r=\.\.\.\); got 2 positional"):
+        ex(x, x)
+    from executors.weights import load_weights
+    with pytest.raises(ValueError, match="load_weights takes a dict"):
+        load_weights(ex, [torch.zeros(64).bfloat16()])
+
+
 @pytest.mark.parametrize("name", ["dims", "out", "self", "_facts"])
 def test_an_input_named_like_an_argument_of_the_call_is_refused_where_declared(tmp_path, name):
     from tests.planutil import diagnostic
