@@ -187,6 +187,14 @@ def test_extern_bindings_and_errors(tmp_path):
         assert "raised by extern 'model_fn' (op 'y')" in notes
 
 
+def test_extern_result_on_another_device_is_named(tmp_path):
+    cp = compile_for_run(load_plan(write(tmp_path, EXTERN)))
+    ex = build_executor(cp, None, externs={"model_fn": lambda x: torch.neg(x).bfloat16().to("meta")})
+    with pytest.raises(RuntimeError, match=r"extern 'model_fn' \(op 'y'\) returned a tensor on meta; the executor"
+                                           r" runs on cpu"):
+        ex(x=torch.randn(2, 16))
+
+
 def test_tuning_shorthand_value_must_be_int(tmp_path):
     text = ALIAS.replace("dims:", "tuned:\n  lim: 4\ndims:", 1)
     cp = compile_for_run(load_plan(write(tmp_path, text)))

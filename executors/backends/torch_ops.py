@@ -119,10 +119,13 @@ def _add(op, bctx):
     return binary(torch.add)
 
 
-def _check_result(op, r, want, dt, what=""):
+def _check_result(op, r, want, dt, device, what=""):
     if not isinstance(r, torch.Tensor) or tuple(r.shape) != want or r.dtype != dt:
         got = f"{tuple(r.shape)} {r.dtype}" if isinstance(r, torch.Tensor) else type(r).__name__
         raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}{what}; the plan declares {want} {dt}")
+    if r.device.type != device.type or (device.index is not None and r.device.index != device.index):
+        raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned a tensor on {r.device}{what}; the executor"
+                           f" runs on {device}")
 
 
 def _call(op, fn, ins, **kw):
@@ -142,13 +145,14 @@ def _extern(op, bctx):
     shapes = [shape_fn(s, bctx.params) for s, _ in results]
     dts = [torch_dtype(d) for _, d in results]
     wants_shape = getattr(fn, "wants_shape", False)
+    device = torch.device(bctx.device)
     if op.shapes is None:
         shape, dt = shapes[0], dts[0]
 
         def run(ins, b, out):
             want = shape(b)
             r = _call(op, fn, ins, out_shape=want, dtype=dt) if wants_shape else _call(op, fn, ins)
-            _check_result(op, r, want, dt)
+            _check_result(op, r, want, dt, device)
             return _into(out, r)
         return run
     n = len(results)
@@ -160,7 +164,7 @@ def _extern(op, bctx):
             got = f"{len(r)} results" if isinstance(r, (tuple, list)) else type(r).__name__
             raise RuntimeError(f"extern '{op.fn}' (op '{op.id}') returned {got}; the plan declares {n} results")
         for i, (t, want, dt) in enumerate(zip(r, wants, dts, strict=True)):
-            _check_result(op, t, want, dt, f" as result {i}")
+            _check_result(op, t, want, dt, device, f" as result {i}")
         return list(r)
     return run_many
 

@@ -38,7 +38,7 @@ def tune_externs(cp, dim: str, buckets: list, res: dict, externs: dict, device: 
             if log:
                 log(f"[tune] ({i + 1}/{len(sites)}) {sig}: no implementation of '{op.fn}' given; keeps its cost_us")
             continue
-        bctx = SimpleNamespace(params=cp.plan.params, extern=externs.__getitem__)
+        bctx = SimpleNamespace(params=cp.plan.params, extern=externs.__getitem__, device=device)
         run = impl_of("extern", "torch").make(op, bctx)
         sets = _input_sets(specs, bind, nsets, device)
         b = {d: bind[d] for d in cp.plan.dims}
