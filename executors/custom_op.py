@@ -2,8 +2,11 @@
 
 build_executor registers two ops per executor in the `planner` namespace (one Library):
 
-    planner::<plan>_<n>(Tensor <input>, ..., SymInt? <dim>=None, ...) -> Tensor[]
-    planner::<plan>_<n>_out(Tensor <input>, ..., SymInt? <dim>=None, ..., Tensor(a0!) <output>, ...) -> ()
+    planner::<plan>_<digest>_<n>(Tensor <input>, ..., SymInt? <dim>=None, ...) -> Tensor[]
+    planner::<plan>_<digest>_<n>_out(Tensor <input>, ..., SymInt? <dim>=None, ..., Tensor(a0!) <output>, ...) -> ()
+
+(<digest>: of the inputs, params and returned layouts, so a plan built with other params, in this
+process or another, has other names: Inductor's on-disk caches know an op by its name.)
 
 User code does not change: `ex(x=...)` checks torch.compiler.is_compiling() and, while Dynamo
 traces, calls the op instead of walking the schedule (Executor.__call__). What the op takes:
@@ -38,6 +41,7 @@ on the same executor (the side streams and events are per executor).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import operator
 import re
@@ -239,11 +243,23 @@ def _schema(ex, spec: _OpSpec):
     return fn, f"({mut}) -> ()"
 
 
+def _digest(ex, spec: _OpSpec) -> str:
+    """8 hex digits of what the op's schema and fake kernel depend on (the inputs, the params the
+    shapes read, the returned buffers and views, the device): Inductor's on-disk caches know a
+    custom op by its name, so a plan of the same name built with other params in another process
+    must not share it."""
+    plan = ex.plan
+    ins = [(n, plan.tensors[n].dtype, plan.tensors[n].shape, plan.tensors[n].contiguous) for n in spec.inputs]
+    what = (ins, spec.dims, sorted(plan.params.items()), spec.outputs, spec.chain, spec.root_shape,
+            spec.root_dtype, str(ex.device))
+    return hashlib.sha1(repr(what).encode()).hexdigest()[:8]
+
+
 def register_ops(ex):
-    """Define and implement planner::<plan>_<n> and its _out form for `ex`; returns the two
-    OpOverloads. Called by build_executor (registration inside a Dynamo trace is not allowed)."""
+    """Define and implement planner::<plan>_<digest>_<n> and its _out form for `ex`; returns the
+    two OpOverloads. Called by build_executor (registration inside a Dynamo trace is not allowed)."""
     spec = _OpSpec(ex)
-    base = re.sub(r"\W", "_", ex.plan.name) + f"_{next(_COUNT)}"
+    base = re.sub(r"\W", "_", ex.plan.name) + f"_{_digest(ex, spec)}_{next(_COUNT)}"
     fn_schema, out_schema = _schema(ex, spec)
     lib = _lib()
     lib.define(base + fn_schema)

@@ -66,6 +66,23 @@ def test_op_schema_fake_kernel_and_views(kda):
     assert kda._op.name().startswith("planner::k3_kda_projection_") and kda.op_layout_copies == 0
 
 
+def test_op_names_differ_with_the_plans_params(kda):
+    """Inductor's on-disk caches know a custom op by its name: a plan built with other params (in
+    another process, where the per-process count starts again) must not take the same name, or
+    the cached graph's layout asserts (the old fake kernel's shapes) fail its first call."""
+    import re
+
+    def stem(ex):  # the name without its per-process count
+        return re.sub(r"_\d+$", "", ex._op.name())
+
+    def build(over):
+        plan = load_plan(KDA, {**SMALL, **over})
+        ws = {n: torch.zeros(plan.tensors[n].shape).bfloat16() for n in plan.weights}
+        return build_executor(compile_for_run(plan), ws, device="cpu")
+    same, other = build({}), build({"fab_pad": 8})
+    assert stem(same) == stem(kda) and stem(other) != stem(kda)
+
+
 def test_out_form_writes_into_callers_tensors(kda):
     x = _x(5)
     want = kda(x=x)
