@@ -113,6 +113,19 @@ def _check_externs(cp, externs, needed) -> dict:
     return externs
 
 
+def _checked_args(cp, weights, prefs, device, prepack: bool, check_memory: bool):
+    """build_executor's weights, backend_prefs and device, checked (BuildError), with each weight
+    in the layout its kernel reads (the executor keeps only these: executors.weights)."""
+    weights = _weights_dict(cp, weights)
+    prefs = _check_prefs(prefs)
+    device = _resolve_device(device, weights)
+    _check_weights(cp, weights, device)
+    if check_memory:
+        from .resources import check_build
+        check_build(cp, device)
+    return prepare_weights(cp, weights, device, prefs, prepack), prefs, device
+
+
 def _check_prefs(prefs):
     if prefs is None:
         return None
@@ -176,30 +189,24 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if not cp.schedule:
         cp.schedule = default_schedule(cp)
     verify(cp)  # nothing runs that the planner cannot prove ordered (raises planner.verify.VerifyError)
-    weights = _weights_dict(cp, weights)
-    backend_prefs = _check_prefs(backend_prefs)
-    device = _resolve_device(device, weights)
-    _check_weights(cp, weights, device)
-    if check_memory:
-        from .resources import check_build
-        check_build(cp, device)
-    # each weight in the layout its kernel reads; the executor keeps only these (executors.weights)
-    weights = prepare_weights(cp, weights, device, backend_prefs, prepack)
+    # an error in the arguments (weights, device, memory) or the tuning is raised after the
+    # agreement, so a rank that fails alone is named there instead of leaving the others waiting
+    tuning_data, tuning_source, problem = {}, "", None
+    try:
+        weights, backend_prefs, device = _checked_args(cp, weights, backend_prefs, device, prepack, check_memory)
+        # the tuning in effect is resolved first so the agreement covers it
+        tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
+    except BuildError as exc:
+        problem = exc
     comms = bind_groups(plan.groups, group)
     g = cp.graph
     has_coll = any(g.nodes[v]["op"].op in COLLECTIVES for v in cp.schedule)
-    # the tuning in effect is resolved first so the agreement covers it; a tuning error is raised
-    # after the agreement, so a rank that fails alone is named there instead of leaving the others waiting
-    try:
-        tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
-        tuning_error = None
-    except BuildError as exc:
-        tuning_data, tuning_source, tuning_error = {}, "", exc
     if agree and has_coll:
         # before anything can raise on one rank only
-        agree_on_plan(plan_description(cp, tuning_data, backend_prefs, problem=str(tuning_error or "")), comms)
-    if tuning_error is not None:
-        raise tuning_error
+        prefs = None if problem is not None else backend_prefs
+        agree_on_plan(plan_description(cp, tuning_data, prefs, problem=str(problem or "")), comms)
+    if problem is not None:
+        raise problem
     check_group_sizes(comms)
     check_shared_groups(cp, comms, device)
     externs = _check_externs(cp, externs, sorted({g.nodes[v]["op"].fn for v in cp.schedule

@@ -42,6 +42,21 @@ def tuning_differs(rank, world, differ_rank):
     return _check(_race_text(), rank, RACE, tuning={"lim": 4} if rank == differ_rank else None)
 
 
+def weight_differs(rank, world, differ_rank):
+    """The race plan built directly; `differ_rank` passes a weight of the wrong shape."""
+    import torch
+
+    from executors import build_executor
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    plan = load_plan(RACE, text=_race_text())
+    weights = {n: torch.zeros(plan.tensors[n].shape).bfloat16() for n in plan.weights}
+    if rank == differ_rank:
+        weights["w"] = torch.zeros(3, 3).bfloat16()
+    build_executor(compile_plan(plan), weights, device="cpu")
+    return "built"
+
+
 def same(rank, world, variant_lim):
     """The race plan with the same tuning on every rank: runs and matches the reference."""
     return _check(_race_text(), rank, RACE, tuning={"lim": variant_lim})
@@ -52,7 +67,7 @@ def every_case(rank, world, differ_rank):
     -> {case: ("refused", message) | ("ran", report)}."""
     from executors.collectives import PlanMismatch
     out = {}
-    cases = {"dtype": dtype_differs, "width": width_differs, "tuning": tuning_differs}
+    cases = {"dtype": dtype_differs, "width": width_differs, "tuning": tuning_differs, "weight": weight_differs}
     for name, fn in cases.items():
         try:
             out[name] = ("ran", fn(rank, world, differ_rank))

@@ -38,6 +38,11 @@ def test_literal_width_difference_is_named(cases):
     assert "tensors: rank 0 has y: bf16[num_tokens, 64]" in msg and "rank 1 has y: bf16[num_tokens, 48]" in msg
 
 
+def test_a_build_error_on_one_rank_is_named_on_every_rank(cases):
+    msg = _refused(cases, "weight")  # the others do not wait in the agreement for a rank that raised
+    assert "first difference in build errors: rank 0 has (nothing); rank 1 has weight 'w' has shape (3, 3)" in msg
+
+
 def test_tuning_difference_is_named(cases):
     msg = _refused(cases, "tuning")
     assert "first difference in tuned limits: rank 0 has lim=16; rank 1 has lim=4" in msg
