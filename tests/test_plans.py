@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -14,6 +13,7 @@ from planner.pipeline import compile_plan
 from planner.report import to_json
 from planner.verify import verify
 from tests.planutil import PLANS, ROOT, SHIPPED
+from tests.speed import best_of, in_units
 
 OP_KEYS = {"id", "op", "stream", "inputs", "outputs", "shapes", "waits_on", "records", "fused_from", "when"}
 
@@ -103,10 +103,9 @@ def test_k3_tp8_layers():
 
 
 def test_k3_tp8_compiles_fast():
-    t0 = time.perf_counter()
-    compile_plan(load_plan(PLANS / "k3_tp8.yaml"))
-    dt = time.perf_counter() - t0
-    assert dt < 1.0, f"load+compile of the 93-layer plan took {dt:.2f} s (target 0.5 s on a dev machine)"
+    dt = best_of(lambda: compile_plan(load_plan(PLANS / "k3_tp8.yaml")), repeat=3)
+    # 0.5 s on a dev machine where a reference workload takes 5 ms: 100 of them; 200 allowed
+    assert in_units(dt) < 200, f"load+compile of the 93-layer plan took {dt:.2f} s ({in_units(dt):.0f} units)"
 
 
 def test_output_file_and_dump_after(tmp_path, capsys):

@@ -28,6 +28,7 @@ from planner.viz.timeline import (
     render_timeline,
     timeline_svg,
 )
+from tests.speed import in_units
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "plans"
@@ -151,7 +152,7 @@ def test_tp8_collapses_repeated_layers_and_renders_in_seconds(tmp_path):
     t0 = time.perf_counter()
     cp = compiled("k3_tp8.yaml")
     dot, stats = to_dot(cp)
-    build_s = time.perf_counter() - t0
+    build_s = in_units(time.perf_counter() - t0)
     p = parse(dot)
     assert stats.ops > 1000 and len(p.nodes) < 60
     rep = [lbl for lbl in p.labels if lbl.startswith("×")]
@@ -166,12 +167,14 @@ def test_tp8_collapses_repeated_layers_and_renders_in_seconds(tmp_path):
     full, _ = to_dot(cp, VizOptions(expand=True))
     assert len(parse(full).nodes) == cp.graph.number_of_nodes()
     assert not any(lbl.startswith("×") for lbl in parse(full).labels)
-    assert build_s < 10, f"compile + DOT took {build_s:.1f} s"
+    # about 1 s on a dev machine where a reference workload takes 5 ms (200 units); a DOT or a
+    # picture that grew with the ops instead of the collapsed boxes would take minutes
+    assert build_s < 2000, f"compile + DOT took {build_s:.0f} units"
     if HAVE_DOT:
         t1 = time.perf_counter()
         assert main(["viz", str(PLANS / "k3_tp8.yaml"), "-o", str(tmp_path / "tp8.png")]) == 0
         assert (tmp_path / "tp8.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert time.perf_counter() - t1 < 20
+        assert in_units(time.perf_counter() - t1) < 4000
 
 
 def test_variant_selection():
