@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .expr import Bin, Num
-from .shapes import TensorSpec, fmt_dim, fmt_shape
+from .shapes import SCALE_BLOCK, TensorSpec, fmt_dim, fmt_shape
 
 __all__ = ["OpBase", "DimExpr", "Backend", "lift", "norm_dim", "out_spec", "same_shape", "written_in_place"]
 
@@ -63,6 +63,17 @@ def norm_dim(ctx, spec: TensorSpec, dim: int, field: str = "dim") -> int:
 def out_spec(self, ctx, shape, dtype, i: int = 0, **kw) -> TensorSpec:
     """The i-th output's spec (named by `out`, or the op id for a lone unnamed output)."""
     return TensorSpec(self.out[i] if len(self.out) > i else self.id, tuple(shape), dtype, **kw)
+
+
+def carried_meta(*specs: TensorSpec) -> dict:
+    """What stays true of a tensor made by copying or moving whole rows of these (slices, views that
+    keep the last dim, gathers, region outputs): quantize's `scale_group`, the K elements one scale
+    column covers, which a gemm reads its scales by. Where members differ, a group other than 128 is
+    kept, so the gemm refuses the scales for the variant that would read them wrong."""
+    groups = {s.meta["scale_group"] for s in specs if s.meta.get("scale_group") is not None}
+    if not groups:
+        return {}
+    return {"scale_group": max(groups, key=lambda g: (g != SCALE_BLOCK, g))}
 
 
 def same_shape(ctx, a: TensorSpec, b: TensorSpec) -> bool:

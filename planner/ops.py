@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from .expr import Bin, Call, Num, unparse
-from .opbase import Backend, DimExpr, OpBase, check_outs, mul_dim
+from .opbase import Backend, DimExpr, OpBase, carried_meta, check_outs, mul_dim
 from .opbase import lift as _lift
 from .opbase import norm_dim as _norm_dim
 from .opbase import out_spec as _out
@@ -69,7 +69,7 @@ class AllGather(OpBase):
                 ctx.fail(f"backend=p2p needs a static row size; '{self.x}' is {fmt_shape(t.shape)}", "backend")
         shape = list(t.shape)
         shape[d] = ctx.simplify(Bin("*", _lift(shape[d]), Num(size))) if not isinstance(shape[d], int) else shape[d] * size
-        return [_out(self, ctx, shape, t.dtype)]
+        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t) if d == 0 else {})]
 
 
 class ReduceScatter(OpBase):
@@ -142,7 +142,7 @@ class AllToAll(OpBase):
                 size == 1 and ctx.probes.equal(t.shape[0], cap)):
             ctx.fail(f"dim 0 of '{self.x}' is {fmt_dim(t.shape[0]) if t.rank else '-'} but {size} chunks of splits ="
                      f" {fmt_dim(cap)} rows make {fmt_dim(mul_dim(ctx, cap, size))}", "splits")
-        outs = [_out(self, ctx, t.shape, t.dtype)]
+        outs = [_out(self, ctx, t.shape, t.dtype, meta=carried_meta(t))]
         if self.counts:
             check_outs(self, ctx, 2)
             c = ctx.tensor(self.counts, "counts")
@@ -385,7 +385,8 @@ class Split(OpBase):
             shape = list(t.shape)
             shape[d] = s
             contiguous = t.contiguous and (d == 0 or all(x == 1 for x in t.shape[:d]))
-            outs.append(TensorSpec(name, tuple(shape), t.dtype, contiguous=contiguous, alias_of=t.alias_of or t.name))
+            outs.append(TensorSpec(name, tuple(shape), t.dtype, contiguous=contiguous, alias_of=t.alias_of or t.name,
+                                   meta=carried_meta(t)))
         return outs
 
 
@@ -419,7 +420,7 @@ class Cat(OpBase):
                 isinstance(total, int) and isinstance(s.shape[d], int)) else total + s.shape[d]
         shape = list(first.shape)
         shape[d] = total
-        return [_out(self, ctx, shape, first.dtype)]
+        return [_out(self, ctx, shape, first.dtype, meta=carried_meta(*specs))]
 
 
 class Slice(OpBase):
@@ -465,7 +466,8 @@ class Slice(OpBase):
         shape = list(t.shape)
         shape[d] = length
         contiguous = t.contiguous and (d == 0 or all(x == 1 for x in t.shape[:d]))
-        return [TensorSpec(self.out[0], tuple(shape), t.dtype, contiguous=contiguous, alias_of=t.alias_of or t.name)]
+        return [TensorSpec(self.out[0], tuple(shape), t.dtype, contiguous=contiguous, alias_of=t.alias_of or t.name,
+                           meta=carried_meta(t))]
 
 
 class Pad(OpBase):
@@ -486,7 +488,7 @@ class Pad(OpBase):
             ctx.fail(f"pad multiple must be a positive constant, got {fmt_dim(m)}", "multiple")
         shape = list(t.shape)
         shape[d] = ctx.simplify(Call("round_up", (_lift(t.shape[d]), Num(m))))
-        return [_out(self, ctx, shape, t.dtype)]
+        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t) if d == 0 else {})]
 
 
 class Shard(OpBase):
@@ -505,7 +507,7 @@ class Shard(OpBase):
         d = _norm_dim(ctx, t, self.dim)
         shape = list(t.shape)
         shape[d] = ctx.simplify(Call("ceil_div", (_lift(t.shape[d]), Num(size))))
-        return [_out(self, ctx, shape, t.dtype)]
+        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t) if d == 0 else {})]
 
 
 class Copy(OpBase):
@@ -519,7 +521,7 @@ class Copy(OpBase):
 
     def infer(self, ctx):
         t = ctx.tensor(self.x, "x")
-        return [_out(self, ctx, t.shape, ctx.dtype(self.dtype, "dtype") if self.dtype else t.dtype)]
+        return [_out(self, ctx, t.shape, ctx.dtype(self.dtype, "dtype") if self.dtype else t.dtype, meta=carried_meta(t))]
 
 
 class View(OpBase):
@@ -544,7 +546,9 @@ class View(OpBase):
             return n
         if not ctx.probes.holds(lambda b: numel(shape, b) == numel(t.shape, b)):
             ctx.fail(f"view {fmt_shape(shape)} has a different element count than '{self.x}' {fmt_shape(t.shape)}", "shape")
-        return [TensorSpec(self.out[0], tuple(shape), t.dtype, alias_of=t.alias_of or t.name)]
+        keeps_rows = t.rank and len(shape) and ctx.probes.equal(shape[-1], t.shape[-1])
+        return [TensorSpec(self.out[0], tuple(shape), t.dtype, alias_of=t.alias_of or t.name,
+                           meta=carried_meta(t) if keeps_rows else {})]
 
 
 class Select(OpBase):
@@ -565,7 +569,8 @@ class Select(OpBase):
             if not same or s.dtype != first.dtype:
                 ctx.fail(f"variant '{v}' gives '{self.out[0]}' as {fmt_shape(s.shape)} {s.dtype} but variant"
                          f" '{self.variants[0]}' gives {fmt_shape(first.shape)} {first.dtype}", "choices", code="variant")
-        return [TensorSpec(self.out[0], first.shape, first.dtype, contiguous=all(s.contiguous for s in specs))]
+        return [TensorSpec(self.out[0], first.shape, first.dtype, contiguous=all(s.contiguous for s in specs),
+                           meta=carried_meta(*specs))]
 
 
 Op = Annotated[

@@ -18,11 +18,11 @@ from pydantic import Field
 
 from .expr import Call, Num
 from .opbase import OpBase, check_outs, lift, out_spec
-from .shapes import FP8_DTYPES, fmt_dim, fmt_shape
+from .shapes import FP8_DTYPES, SCALE_BLOCK, fmt_dim, fmt_shape
 
 __all__ = ["BLOCK", "FP8_MAX", "scale_kind", "pair_kinds", "expected_scales", "check_scales", "Quantize"]
 
-BLOCK = 128
+BLOCK = SCALE_BLOCK
 FP8_MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 
 

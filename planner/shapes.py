@@ -48,6 +48,9 @@ def fmt_shape(shape) -> str:
     return "[" + ", ".join(fmt_dim(d) for d in shape) + "]"
 
 
+SCALE_BLOCK = 128  # DeepSeek-V3 block scales: 1x128 activation groups, 128x128 weight blocks
+
+
 @dataclass
 class TensorSpec:
     name: str

@@ -236,3 +236,66 @@ ops:
     assert "scale_a 'xs' holds groups of 96 along K" in d.message and "block=[1, 128]" in d.message
     # one group per row (per-token scales) is what the gemm reads at this K
     load(tmp_path, body.replace("96", "192").replace("scale_b=sw", "scale_b=sc"), head)
+
+
+# K = 192 in groups of 96 gives the [T, 2] scales that 1x128 blocks give at K = 256
+def _scaled_head(k, extra=""):
+    return f"""
+plan: t
+params:
+  tp_size: 2
+dims:
+  num_tokens: 1..16
+groups:
+  tp: tp_size
+inputs:
+  x: bf16[num_tokens, {k}]
+weights:
+  w: fp8_e4m3[64, {k}]
+  sw: fp32[1, 2]
+"""
+
+
+def _groups_refused_and_128_taken(tmp_path, body, read):
+    d = error(tmp_path, body, _scaled_head(192)).diagnostics[0]
+    assert d.code == "shape" and f"scale_a '{read}' holds groups of 96 along K" in d.message, d
+    load(tmp_path, body.replace("96", "128"), _scaled_head(256))  # the blocks the gemm reads
+
+
+@pytest.mark.parametrize("made,read", [
+    ("  - xs2: copy(xs)\n", "xs2"),
+    ("  - xs2: xs[:num_tokens]\n", "xs2"),
+    ("  - xs2, xs3: split(xs, [1, 1], dim=1)\n  - xs4: cat([xs2, xs3], dim=1)\n", "xs4"),
+    ("  - xs2: view(xs, [num_tokens, 2])\n", "xs2"),
+    ("  - xs2: shard(xs, tp)\n  - xs3: all_gather(xs2, tp)[:num_tokens]\n", "xs3"),
+])
+def test_scale_groups_follow_copies_slices_views_and_gathers(tmp_path, made, read):
+    """Scales that went through a copy, slice, split, cat, view or a gather of their rows still hold
+    groups of 96."""
+    body = f"""
+outputs: [y]
+ops:
+  - xq, xs: quantize(x, fp8_e4m3, block=[1, 96])
+{made}  - y: gemm(xq, w, scale_a={read}, scale_b=sw)
+"""
+    _groups_refused_and_128_taken(tmp_path, body, read)
+
+
+def test_scale_groups_follow_region_outputs(tmp_path):
+    """A region output quantized in groups of 96 is refused at the gemm that reads it as blocks."""
+    body = """
+outputs: [y]
+ops:
+  - region: r
+    outputs: [xq, xs]
+    variants:
+      - name: a
+        when: num_tokens <= 4
+        ops:
+          - xq, xs: quantize(x, fp8_e4m3, block=[1, 96])
+      - name: b
+        ops:
+          - xq, xs: quantize(x, fp8_e4m3, block=[1, 96])
+  - y: gemm(xq, w, scale_a=xs, scale_b=sw)
+"""
+    _groups_refused_and_128_taken(tmp_path, body, "xs")
