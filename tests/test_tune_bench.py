@@ -311,6 +311,9 @@ def test_tune_plan_times_only_the_variants_the_params_leave(tmp_path):
     (["bench", str(KDA), "--tokens", "abc"], "--tokens 'abc': expected sizes of num_tokens"),
     (["bench", str(KDA), "--tokens", "8..1"], "--tokens '8..1': expected sizes"),
     (["bench", str(KDA), "--tokens", "1,99"], "--tokens: 99 is outside num_tokens's range 1..16"),
+    # checked before the range is built: 10**10 sizes were a list first, and a MemoryError
+    (["bench", str(KDA), "--tokens", "1..10000000000"], "--tokens: 10000000000 is outside num_tokens's range"),
+    (["tune", str(KDA), "--buckets=-5..3"], "--buckets: -5 is outside num_tokens's range 1..16"),
     (["bench", str(KDA), "--world-size", "0"], "--world-size must be at least 1"),
     (["bench", str(PLANS / "k3_sp_tail.yaml"), "--world-size", "3"], "has size 8 but --world-size is 3"),
     (["bench", str(KDA), "--tuning", "{missing}"], "cannot read the tuning file"),

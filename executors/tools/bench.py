@@ -33,19 +33,35 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def parse_tokens(text: str | None, default: list) -> list:
+class SizeOutOfRange(ValueError):
+    """A size (or a range's end) outside the bounds parse_tokens was given; `value` names it."""
+
+    def __init__(self, value: int):
+        super().__init__(value)
+        self.value = value
+
+
+def parse_tokens(text: str | None, default: list, bounds: tuple[int, int] | None = None) -> list:
     """'1,2,4..8' -> [1, 2, 4, 5, 6, 7, 8] (sorted, no repeats); default for none. ValueError for
-    anything but integers and LO..HI ranges."""
+    anything but integers and LO..HI ranges; SizeOutOfRange for a size outside `bounds`, checked
+    before a range is expanded (1..10**10 is refused, not built)."""
     if not text:
         return list(default)
+
+    def inside(v: int) -> int:
+        if bounds is not None and not bounds[0] <= v <= bounds[1]:
+            raise SizeOutOfRange(v)
+        return v
     out = []
     for part in text.split(","):
         part = part.strip()
         if ".." in part:
             lo, hi = part.split("..")
-            out.extend(range(int(lo), int(hi) + 1))
+            lo, hi = int(lo), int(hi)
+            if lo <= hi:
+                out.extend(range(inside(lo), inside(hi) + 1))
         elif part:
-            out.append(int(part))
+            out.append(inside(int(part)))
     return sorted(set(out))
 
 

@@ -209,17 +209,16 @@ def _world(plan, given: int | None) -> int:
 
 def _sizes_arg(flag: str, text: str | None, plan, dim: str) -> list:
     """--tokens of bench, --buckets of tune: integers and LO..HI ranges inside the dim's range."""
-    from .bench import parse_tokens
+    from .bench import SizeOutOfRange, parse_tokens
     d = plan.dims[dim]
     try:
-        out = parse_tokens(text, d.buckets)
+        out = parse_tokens(text, d.buckets, bounds=(d.lo, d.hi))
         if not out:  # "," or a range such as 8..1
             raise ValueError(text)
+    except SizeOutOfRange as e:
+        raise PlanError.at(None, "param", f"{flag}: {e.value} is outside {dim}'s range {d.lo}..{d.hi}") from None
     except ValueError:
         raise PlanError.at(None, "param", f"{flag} {text!r}: expected sizes of {dim} such as 1,2,4..8") from None
-    bad = [v for v in out if not d.lo <= v <= d.hi]
-    if bad:
-        raise PlanError.at(None, "param", f"{flag}: {bad[0]} is outside {dim}'s range {d.lo}..{d.hi}")
     return out
 
 
