@@ -152,3 +152,5 @@ def read_json(path, what: str):
         raise PlanError.at(loc, "dup", f"duplicate key '{exc.args[0]}' in the {what}") from None
     except (OSError, RecursionError) as exc:
         raise PlanError.at(loc, "io", f"cannot read the {what}: {getattr(exc, 'strerror', None) or exc}") from None
+    except ValueError as exc:  # what json.loads refuses past parsing: an integer of over 4,300 digits
+        raise PlanError.at(loc, "io", f"cannot read the {what}: {str(exc).split(';')[0]}") from None

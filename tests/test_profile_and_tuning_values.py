@@ -36,6 +36,7 @@ def test_device_profile_values(tmp_path, capsys, field, value, want):
     (b'{"name": "a", "name": "b"}', "dup", "duplicate key 'name' in the device profile"),
     (b'{"hbm": 1}', "schema", "device profile has unknown field 'hbm'"),
     (b'{"hbm_gbps": ', "io", "cannot read the device profile: Expecting value"),
+    (b'{"hbm_gbps": 1' + b"1" * 5000 + b"}", "io", "cannot read the device profile: Exceeds the limit (4300 digits)"),
 ])
 def test_device_profile_files_read_like_tuning_files(tmp_path, capsys, text, code, want):
     """A device profile that is not UTF-8 or nests too deep was a traceback, a repeated key kept
@@ -48,11 +49,14 @@ def test_device_profile_files_read_like_tuning_files(tmp_path, capsys, text, cod
     assert e["code"] == code and want in e["message"] and e["file"] == str(p)
 
 
-def test_timeline_records_files_that_cannot_be_decoded(tmp_path, capsys):
+@pytest.mark.parametrize("text,want", [(b"[" * 100000, "maximum recursion depth"),
+                                       (b'[{"end_us": 1' + b"0" * 5000 + b"}]", "Exceeds the limit (4300 digits)")])
+def test_timeline_records_files_that_cannot_be_decoded(tmp_path, capsys, text, want):
     p = tmp_path / "rec.json"
-    p.write_bytes(b"[" * 100000)
+    p.write_bytes(text)
     assert main(["timeline", str(p), "-o", str(tmp_path / "t.svg")]) == 2
-    assert "cannot read the timeline records: maximum recursion depth" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"cannot read the timeline records: {want}" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
