@@ -58,7 +58,10 @@ def _optimistic_facts(cp: Compiled, dims: dict, tuned: dict) -> Facts:
 # facts an earlier variant's gate may use and still be known to hold at plan time (with every
 # value of capturing and of the device); a gate over rank, tensors' layouts or dtypes is not
 _SURE_FACTS = {"capturing", "cc", "device", "true", "false", "min", "max", "ceil_div"}
-_FACT_CASES = [(cap, dev, cc) for cap in (True, False) for dev, cc in (("cuda", 90), ("cpu", 0))]
+# the calls a plan may see, the optimistic one (inside a graph capture on the GPU) first: captured
+# and eager on the GPU, eager on the CPU (no capture there)
+_CALL_CASES = [(True, "cuda", 90), (False, "cuda", 90), (False, "cpu", 0)]
+_CALL_FACTS = {"capturing", "device", "cc"}
 
 
 def _variants(cp: Compiled) -> dict:
@@ -90,41 +93,42 @@ def _gate_names(expr):
 _ANY_WORLD = (1, 2, 4, 8, 16, 32, 64)
 
 
-# the calls a gate over the capture state or the device may see: captured and eager on the GPU, eager on the CPU
-_CALL_CASES = [(True, "cuda", 90), (False, "cuda", 90), (False, "cpu", 0)]
-
-
 def _can_hold(g, facts, v=None, cp: Compiled | None = None) -> bool:
     """The gate of variant v at these facts: at some rank of the world where it reads `rank`, in
-    some world where it reads `world_size` and the plan has no group to fix it, in some call
-    (_CALL_CASES, these facts' first) where it reads `capturing`, `device` or `cc`. One that cannot
-    be evaluated there (a division by zero at these sizes) is left to run time, where it fails
-    with its own message."""
+    some world where it reads `world_size` and the plan has no group to fix it. One that cannot be
+    evaluated there (a division by zero at these sizes) is left to run time, where it fails with
+    its own message. The call (capturing, device, cc) is the facts': _calls says which to try."""
     uses = set(getattr(v, "uses", ()) or ())
     worlds = [facts.world_size]
     if "world_size" in uses and cp is not None and not any(s > 1 for s in cp.plan.groups.values()):
         worlds = list(_ANY_WORLD)
-    calls = [(facts.capturing, facts.device, facts.cc)]
-    if uses & {"capturing", "device", "cc"}:
-        calls += [c for c in _CALL_CASES if c != calls[0]]
     try:
-        for cap, dev, cc in calls:
-            for w in worlds:
-                for r in range(min(w, 1024)) if "rank" in uses else (facts.rank,):
-                    if g(dataclasses.replace(facts, capturing=cap, device=dev, cc=cc, world_size=w, rank=r)):
-                        return True
+        for w in worlds:
+            for r in range(min(w, 1024)) if "rank" in uses else (facts.rank,):
+                if g(dataclasses.replace(facts, world_size=w, rank=r)):
+                    return True
         return False
     except ArithmeticError:
         return True
 
 
-def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None) -> bool:
-    """Does variant v's gate hold at bindings b whatever the other run-time facts are?"""
+def _calls(facts, gated) -> list:
+    """The facts of each call the gates of `gated` (variants) are judged in together: the optimistic
+    call only, unless one of them reads the capture state or the device; then every call of
+    _CALL_CASES, one at a time (a variant for eager calls and one for captures never run in one call)."""
+    if not any(_CALL_FACTS & set(getattr(v, "uses", ()) or ()) for v in gated):
+        return [facts]
+    return [dataclasses.replace(facts, capturing=cap, device=dev, cc=cc) for cap, dev, cc in _CALL_CASES]
+
+
+def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None, calls=tuple(_CALL_CASES)) -> bool:
+    """Does variant v's gate hold at bindings b in each of these calls, whatever the other run-time
+    facts are?"""
     names = _gate_names(v.when)
     if any(n not in cp.plan.dims and n not in _SURE_FACTS and not n.startswith("tuned.") for n in names):
         return False
     g = _gate(v, gates)
-    for cap, dev, cc in _FACT_CASES:
+    for cap, dev, cc in calls:
         f = Facts(dims=b, capturing=cap, cc=cc, device=dev, tuned=tuned, tensors=_LazyTensors(cp.tensors, b))
         try:
             if not g(f):
@@ -134,21 +138,30 @@ def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None) -> bool:
     return True
 
 
-def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = None) -> bool:
-    """Can every variant of ctx run at bindings b: its gate can hold (optimistic facts) and no
-    variant before it in its region surely takes the call (a fallback never sees the sizes the
-    gates above it always take)?"""
+def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = None,
+           optimistic_only: bool = False) -> bool:
+    """Can every variant of ctx run at bindings b, in one call: its gate can hold and no variant
+    before it in its region surely takes the call (a fallback never sees the sizes the gates above
+    it always take)? The call is the optimistic one (a graph capture on the GPU), or any one call
+    of _CALL_CASES where a gate reads the capture state or the device (_calls)."""
     variants = _variants(cp)
-    facts = _optimistic_facts(cp, b, tuned)
+    chosen, before = [], []  # the gated variants of ctx; the gated variants before them
     for rid, vname in ctx:
         for v in variants.get(rid, []):
             if v.name == vname:
-                if v.when is not None and not _can_hold(_gate(v, gates), facts, v, cp):
-                    return False
+                if v.when is not None:
+                    chosen.append(v)
                 break
-            if v.when is not None and _surely(cp, v, b, tuned, gates):
-                return False
-    return True
+            if v.when is not None:
+                before.append(v)
+    facts = _optimistic_facts(cp, b, tuned)
+    for f in [facts] if optimistic_only else _calls(facts, chosen + before):
+        call = ((f.capturing, f.device, f.cc),)
+        if any(_surely(cp, v, b, tuned, gates, call) for v in before):
+            continue
+        if all(_can_hold(_gate(v, gates), f, v, cp) for v in chosen):
+            return True
+    return False
 
 
 def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
@@ -164,7 +177,8 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
         return None
     gates: dict = {}
     facts_of = lambda b: _optimistic_facts(cp, b, tuned)  # noqa: E731
-    own = [b for b in _bucket_grid(cp, ctx) if v.when is None or _can_hold(_gate(v, gates), facts_of(b), v, cp)]
+    own = [b for b in _bucket_grid(cp, ctx)
+           if v.when is None or any(_can_hold(_gate(v, gates), f, v, cp) for f in _calls(facts_of(b), [v]))]
     if not own:
         return "its gate holds at no size the dims allow"
     before = []
@@ -230,14 +244,14 @@ def variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
 
 
 def running_variants(cp: Compiled, b: dict, tuned: dict) -> dict[str, str]:
-    """Region -> the variant that takes a call at bindings b: the first whose gate can hold
-    (optimistic facts: inside a graph capture on the GPU, then eager calls where the gate reads
-    the capture state or the device) and that no variant before it takes."""
+    """Region -> the variant that takes a call at bindings b in the call the planner optimizes for
+    (inside a graph capture on the GPU): the first whose gate can hold there and that no variant
+    before it takes."""
     out = {}
     gates: dict = {}
     for rid, vs in _variants(cp).items():
         for v in vs:
-            if _holds(cp, ((rid, v.name),), b, tuned, gates):
+            if _holds(cp, ((rid, v.name),), b, tuned, gates, optimistic_only=True):
                 out[rid] = v.name
                 break
         else:

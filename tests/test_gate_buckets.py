@@ -227,3 +227,69 @@ def test_a_variant_gated_on_eager_calls_or_the_device_runs(tmp_path):
         assert not cp.report["estimate-memory"]["variants"]["small"].get("never_runs"), gate
     cp = compiled(tmp_path, SHADOWED.replace("num_tokens <= 16", "capturing and device == 'cpu'"), header=HDR)
     assert never_running(cp, cp.plan.tuned)[("r", "small")] == "its gate holds at no size the dims allow"
+
+
+TWO_CALL_REGIONS = """
+outputs: [y, z]
+ops:
+  - region: r1
+    outputs: [y]
+    variants:
+      - name: eager1
+        when: not capturing
+        ops:
+          - y: gemm(x, w)
+      - name: graph1
+        ops:
+          - y: copy(x)
+  - region: r2
+    outputs: [z]
+    variants:
+      - name: graph2
+        when: capturing
+        ops:
+          - z: gemm(s, w)
+      - name: eager2
+        ops:
+          - z: copy(s)
+"""
+
+
+def test_variants_of_two_regions_are_judged_in_one_call(tmp_path):
+    """'not capturing' in one region and 'capturing' in another never run in one call; nor does the
+    fallback of one with the gated variant of the other: neither pair is estimated or sized."""
+    from planner.analysis import possible_buckets, variant_picks
+
+    cp = compiled(tmp_path, TWO_CALL_REGIONS, header=TWO_DIMS)
+    tuned = cp.plan.tuned
+    assert not possible_buckets(cp, (("r1", "eager1"), ("r2", "graph2")), tuned)
+    assert not possible_buckets(cp, (("r1", "graph1"), ("r2", "eager2")), tuned)
+    assert possible_buckets(cp, (("r1", "eager1"), ("r2", "eager2")), tuned)
+    assert possible_buckets(cp, (("r1", "graph1"), ("r2", "graph2")), tuned)
+    labels = [label for label, _ in variant_picks(cp)]
+    assert set(cp.report["estimate-memory"]["variants"]) >= {"r1=eager1, r2=eager2", "r1=graph1, r2=graph2"}, labels
+    for label in ("r1=eager1, r2=graph2", "r1=graph1, r2=eager2"):
+        assert cp.report["estimate-memory"]["variants"].get(label, {}).get("never_runs", True), label
+
+
+def test_the_variant_the_planner_optimizes_for_is_the_captured_one(tmp_path):
+    """running_variants names what runs in a graph capture on the GPU: a CPU-only first variant is
+    not taken for the GPU one (it costed the GPU variant's ops as free)."""
+    from planner.analysis import running_variants
+
+    cp = compiled(tmp_path, """
+outputs: [y]
+ops:
+  - region: r1
+    outputs: [y]
+    variants:
+      - name: cpu_path
+        when: device == 'cpu'
+        ops:
+          - y: copy(x)
+      - name: gpu_path
+        ops:
+          - y: gemm(x, w)
+""", header=TWO_DIMS)
+    for b in ({"num_tokens": 1, "num_seqs": 1}, {"num_tokens": 256, "num_seqs": 256}):
+        assert running_variants(cp, b, cp.plan.tuned) == {"r1": "gpu_path"}
