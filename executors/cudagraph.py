@@ -30,6 +30,7 @@ import torch
 from planner.expr import eval_int, free_names
 
 from .dtypes import torch_dtype
+from .executor import refuse_positional
 
 __all__ = ["GraphedExecutor"]
 
@@ -112,10 +113,11 @@ class GraphedExecutor:
         for bk in reversed(self.buckets):
             self.capture({**(other_dims or {}), self.dim: bk})
 
-    def __call__(self, dims: dict | None = None, **inputs):
+    def __call__(self, *args, dims: dict | None = None, **inputs):
         ex = self.ex
+        refuse_positional(ex.plan, args)
         self._drop_if_weights_changed()
-        b = ex._solver.solve(inputs, dims)
+        b = ex.check_inputs(inputs, dims)  # what the eager call checks, before any replay
         n = b[self.dim]
         bk = self.bucket_for(n)
         padded = {**b, self.dim: bk}

@@ -40,6 +40,13 @@ class Step:
                  "packed_out", "select", "rs_streams", "backend")
 
 
+def refuse_positional(plan, args: tuple) -> None:
+    """An executor's call takes its inputs by name (ex(x, r) would read x as dims=)."""
+    if args:
+        raise InputError(f"plan '{plan.name}' takes its inputs by name, ex({', '.join(f'{n}=...' for n in plan.inputs)});"
+                         f" got {len(args)} positional argument(s)")
+
+
 class Executor:
     """Callable: executor(**inputs, dims=None) -> {output name: tensor}."""
 
@@ -138,9 +145,7 @@ class Executor:
 
     def __call__(self, *args, dims: dict | None = None, _facts: Facts | None = None, out: dict | None = None,
                  **inputs):
-        if args:
-            raise InputError(f"plan '{self.plan.name}' takes its inputs by name, ex({', '.join(f'{n}=...' for n in self.plan.inputs)});"
-                             f" got {len(args)} positional argument(s)")
+        refuse_positional(self.plan, args)
         if torch.compiler.is_compiling():
             # under Dynamo the call is one opaque custom op (executors.custom_op): streams, events
             # and gates run inside it at run time, the fake kernel gives the traced shapes

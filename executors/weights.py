@@ -30,6 +30,8 @@ their addresses and need no re-capture; do not write row-major data into an mma_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from .dtypes import plan_dtype
@@ -187,8 +189,8 @@ def prepare_weights(cp, weights: dict, device=None, prefs=None, prepack: bool = 
 def load_weights(ex, new: dict) -> None:
     """Write new row-major weights into an executor's prepared tensors, in place (the same
     preparation step; addresses stay, so captured and compiled graphs stay valid)."""
-    if not isinstance(new, dict):
-        raise ValueError(f"load_weights takes a dict {{weight name: tensor}}, got {type(new).__name__}")
+    if not isinstance(new, Mapping):
+        raise ValueError(f"load_weights takes a mapping {{weight name: tensor}}, got {type(new).__name__}")
     for name, w in new.items():
         dst = ex._weights.get(name)
         if dst is None:

@@ -281,8 +281,11 @@ def test_inputs_are_taken_by_name_only(alias):
     with pytest.raises(InputError, match=r"takes its inputs by name, ex\(x=\.\.\., r=\.\.\.\); got 2 positional"):
         ex(x, x)
     from executors.weights import load_weights
-    with pytest.raises(ValueError, match="load_weights takes a dict"):
+    with pytest.raises(ValueError, match="load_weights takes a mapping"):
         load_weights(ex, [torch.zeros(64).bfloat16()])
+    import types  # any mapping is taken, as it was before the type check
+    w = ex.compiled.plan.tensors["wn"]
+    load_weights(ex, types.MappingProxyType({"wn": torch.ones(w.shape).bfloat16()}))
 
 
 @pytest.mark.parametrize("name", ["dims", "out", "self", "_facts"])

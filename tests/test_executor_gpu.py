@@ -56,6 +56,23 @@ def test_graphed_executor_per_bucket(kda, m):
     assert _close(out, ref(x=x))
 
 
+def test_graphed_executor_checks_its_inputs_as_the_eager_call_does(kda):
+    """Positional inputs, a wrong dtype or a missing input are the eager call's InputError, before
+    any capture (the graphed call read a positional x as dims= and failed in the dims solver)."""
+    from executors.cudagraph import GraphedExecutor
+    from executors.errors import InputError
+    ex, _, _ = kda
+    g = GraphedExecutor(ex)
+    x = torch.randn(2, 7168, device="cuda").bfloat16()
+    with pytest.raises(InputError, match=r"takes its inputs by name, ex\(x=\.\.\.\); got 1 positional"):
+        g(x)
+    with pytest.raises(InputError, match="input 'x' must be"):
+        g(x=x.float())
+    with pytest.raises(InputError, match=r"missing \['x'\]"):
+        g()
+    assert not g.graphs
+
+
 def test_inside_a_callers_capture_selects_two_branch(kda):
     ex, ref, _ = kda
     x = torch.randn(4, 7168, device="cuda").bfloat16()
