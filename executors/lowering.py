@@ -189,17 +189,20 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if not cp.schedule:
         cp.schedule = default_schedule(cp)
     verify(cp)  # nothing runs that the planner cannot prove ordered (raises planner.verify.VerifyError)
-    # an error in the arguments (weights, device, memory) or the tuning is raised after the
-    # agreement, so a rank that fails alone is named there instead of leaving the others waiting
+    # an error in the arguments (weights, device, memory, model code) or the tuning, or one that
+    # preparing the weights meets (out of device memory), is raised after the agreement, so a rank
+    # that fails alone is named there instead of leaving the others waiting
+    g = cp.graph
     tuning_data, tuning_source, problem = {}, "", None
     try:
         weights, backend_prefs, device = _checked_args(cp, weights, backend_prefs, device, prepack, check_memory)
         # the tuning in effect is resolved first so the agreement covers it
         tuning_data, tuning_source = resolve_tuning(cp, tuning, device)
-    except BuildError as exc:
+        externs = _check_externs(cp, externs, sorted({g.nodes[v]["op"].fn for v in cp.schedule
+                                                      if g.nodes[v]["op"].op == "extern"}))
+    except Exception as exc:  # noqa: BLE001 - re-raised as it is once the ranks have heard of it
         problem = exc
     comms = bind_groups(plan.groups, group)
-    g = cp.graph
     has_coll = any(g.nodes[v]["op"].op in COLLECTIVES for v in cp.schedule)
     if agree and has_coll:
         # before anything can raise on one rank only
@@ -209,8 +212,6 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
         raise problem
     check_group_sizes(comms)
     check_shared_groups(cp, comms, device)
-    externs = _check_externs(cp, externs, sorted({g.nodes[v]["op"].fn for v in cp.schedule
-                                                  if g.nodes[v]["op"].op == "extern"}))
     tuned = {**plan.tuned, **{k: int(v) for k, v in tuning_data.get("limits", {}).items()}}
     dev_weights = {k: weights[k] for k in plan.weights}
     bctx = _BuildCtx(cp, device, comms, externs, dev_weights, weights.layouts)

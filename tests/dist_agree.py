@@ -57,6 +57,34 @@ def weight_differs(rank, world, differ_rank):
     return "built"
 
 
+EXTERN_PLAN = """
+plan: ext
+params:
+  tp_size: 2
+dims:
+  num_tokens: 1..16
+groups:
+  tp: tp_size
+inputs:
+  x: bf16[num_tokens, 16]
+outputs: [z]
+ops:
+  - y: extern(act, x, shape=[num_tokens, 16])
+  - z: all_reduce(y, tp)
+"""
+
+
+def extern_missing(rank, world, differ_rank):
+    """A plan with model code; `differ_rank` is built without the function it calls."""
+    from executors import build_executor
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    plan = load_plan(Path("ext.yaml"), text=EXTERN_PLAN)
+    externs = {} if rank == differ_rank else {"act": lambda x: x * 2}
+    build_executor(compile_plan(plan), {}, device="cpu", externs=externs)
+    return "built"
+
+
 def same(rank, world, variant_lim):
     """The race plan with the same tuning on every rank: runs and matches the reference."""
     return _check(_race_text(), rank, RACE, tuning={"lim": variant_lim})
@@ -67,7 +95,8 @@ def every_case(rank, world, differ_rank):
     -> {case: ("refused", message) | ("ran", report)}."""
     from executors.collectives import PlanMismatch
     out = {}
-    cases = {"dtype": dtype_differs, "width": width_differs, "tuning": tuning_differs, "weight": weight_differs}
+    cases = {"dtype": dtype_differs, "width": width_differs, "tuning": tuning_differs, "weight": weight_differs,
+             "extern": extern_missing}
     for name, fn in cases.items():
         try:
             out[name] = ("ran", fn(rank, world, differ_rank))

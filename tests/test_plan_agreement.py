@@ -43,6 +43,11 @@ def test_a_build_error_on_one_rank_is_named_on_every_rank(cases):
     assert "first difference in build errors: rank 0 has (nothing); rank 1 has weight 'w' has shape (3, 3)" in msg
 
 
+def test_missing_model_code_on_one_rank_is_named_on_every_rank(cases):
+    msg = _refused(cases, "extern")  # it was raised after the agreement, and the others hung in the all_reduce
+    assert "first difference in build errors: rank 0 has (nothing); rank 1 has" in msg and "'act'" in msg, msg
+
+
 def test_tuning_difference_is_named(cases):
     msg = _refused(cases, "tuning")
     assert "first difference in tuned limits: rank 0 has lim=16; rank 1 has lim=4" in msg
