@@ -274,12 +274,16 @@ class Executor:
                 self._unrecorded("exit", e, chosen)
         if cuda:
             self._join(main, started, recorded, exit_waits)
-        if len(chosen) < len(gates):
+        if len(chosen) < len(gates) or self.forced:
             # a region none of whose steps this path met (all pruned, or every op of it dead code)
-            # still reports the variant its gate picks, when the variants it sits in ran
+            # still reports the variant its gate picks, when the variants it sits in ran; a forced
+            # variant inside a variant that did not run is not reported as run
             for r in self._by_depth:
-                if r not in chosen and all(chosen.get(o) == v for o, v in self.plan.regions[r].within):
+                inside_ran = all(chosen.get(o) == v for o, v in self.plan.regions[r].within)
+                if r not in chosen and inside_ran:
                     chosen[r] = gates[r].choose(facts)
+                elif r in chosen and not inside_ran:
+                    del chosen[r]
         self.last_variants = chosen
         # keep no tensor of the call alive past it (not even its inputs: in a compiled model they
         # can be intermediates of the caller's graph): under cudagraph trees every live allocation

@@ -241,3 +241,27 @@ def test_last_variants_names_only_regions_whose_enclosing_variant_ran(num_tokens
     ex = build_executor(cp, w, device="cpu")
     ex(dims=b, **inputs)
     assert ex.last_variants == want
+    # a variant forced inside a variant that did not run is not reported as run either
+    ex.forced = {"outer/small/inner": "tiny"}
+    ex(dims=b, **inputs)
+    assert ex.last_variants == {**want, "outer/small/inner": "tiny"} if want["outer"] == "small" else want
+
+
+def test_run_check_runs_a_nested_variant_inside_its_enclosing_one(tmp_path, capsys):
+    """Forcing an inner region's variant forces the variants it sits in, so it runs (it was listed
+    as checked at sizes where the enclosing variant did not run); where that would force a region
+    two ways, the check says the variant was not reached."""
+    import json
+
+    from planner.cli import main
+    p = tmp_path / "nested.yaml"
+    text = NESTED.replace("groups:\n  tp: 2\n", "groups:\n  tp: 1\n")
+    for body, unreached in ((text, []), (text.replace("name: big", "name: tiny"), ["outer/small/inner"])):
+        p.write_text(body)
+        main(["run", str(p), "--num-tokens", "40", "--check", "--emit", "json"])  # the variants differ by design
+        checked = json.loads(capsys.readouterr().out)["ranks"][0]["checked"]
+        tiny = next(c for c in checked if c["forced"] and c["forced"].get("outer/small/inner") == "tiny")
+        assert tiny["unreached"] == unreached, tiny
+        assert (tiny["variants"].get("outer/small/inner") == "tiny") == (not unreached), tiny
+    main(["run", str(p), "--num-tokens", "40", "--check"])
+    assert "forced outer=tiny, outer/small/inner=tiny (1 of its regions not reached at these dims):" in capsys.readouterr().out

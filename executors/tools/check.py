@@ -180,7 +180,8 @@ def outputs_match(a, r, tol: tuple[float, float] | None, normwise: bool = False)
 
 
 def forced_runs(cp) -> list[dict]:
-    """One forcing per variant name: that variant in every (live) region that has it."""
+    """One forcing per variant name: that variant in every (live) region that has it, and the
+    variants those regions sit in (so a nested variant runs), where that forces no region two ways."""
     names: list[str] = []
     for vs in cp.variants.values():
         for v in vs:
@@ -189,6 +190,10 @@ def forced_runs(cp) -> list[dict]:
     out = []
     for n in names:
         f = {r: n for r, vs in cp.variants.items() if any(v.name == n for v in vs)}
+        for r in list(f):
+            within = cp.plan.regions[r].within
+            if all(f.get(o, v) == v for o, v in within):
+                f.update(within)
         if f:
             out.append(f)
     return out
@@ -258,7 +263,9 @@ def run_check(load, *, rank: int = 0, num_tokens: int | None = None, seed: int =
             fouts = ex(dims=b, **{k: v.clone() for k, v in inputs.items()})
             fok, entries = _compare(plan, fouts, routs, precision, forced=entry.get("forced") is not None)
             bad = [e["name"] for e in entries if not e["ok"]]
+            unreached = sorted(r for r in entry.get("forced") or {} if r not in ex.last_variants)
             report["checked"].append({**entry, "variants": dict(ex.last_variants), "ok": fok, "bad": bad,
+                                      "unreached": unreached,
                                       "max_abs_err": max((e["max_abs_err"] for e in entries), default=0.0)})
             if not fok:
                 report["ok"] = False

@@ -341,6 +341,11 @@ def _table(reports: list[dict], world: int, args) -> str:
             if c.get("stream_plan"):
                 what = (f"{what}, stream plan of {c['stream_plan']}" if i == 0 else
                         f"stream plan of {c['stream_plan']} (forced)")
+            unreached = c.get("unreached") or []
+            if unreached and len(unreached) == len(c["forced"] or {}):
+                what += " (never reached at these dims: the variants around it did not run)"
+            elif unreached:
+                what += f" ({len(unreached)} of its regions not reached at these dims)"
             if good:
                 lines.append(f"  {what}: ok")
                 continue
