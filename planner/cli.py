@@ -55,9 +55,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _wants_json(argv: list[str]) -> bool:
-    """--emit json among the arguments, read without the parser (which is what just failed)."""
-    return any(a == "--emit=json" or (a == "--emit" and i + 1 < len(argv) and argv[i + 1] == "json")
-               for i, a in enumerate(argv))
+    """--emit json among the arguments, read without the parser (which is what just failed); as the
+    parser does, any unambiguous prefix of --emit (--em, --emi) counts."""
+    def emit(flag: str) -> bool:
+        return len(flag) >= 4 and "--emit".startswith(flag)
+    for i, a in enumerate(argv):
+        flag, eq, value = a.partition("=")
+        if emit(flag) and (value == "json" if eq else i + 1 < len(argv) and argv[i + 1] == "json"):
+            return True
+    return False
 
 
 def _usage_error(exc: _Usage, argv: list[str]) -> int:

@@ -103,7 +103,8 @@ def test_bad_usage_under_emit_json_is_a_json_error(tmp_path, capsys):
     from planner.cli import main
     good = write(tmp_path, HEADER + "outputs: [y]\nops:\n  - y: gemm(x, w)\n")
     for argv in (["compile", str(good), "--streams", "two", "--emit", "json"],
-                 ["run", str(good), "--emit=json", "--seed", "x"], ["validate", "--emit", "json"]):
+                 ["run", str(good), "--emit=json", "--seed", "x"], ["validate", "--emit", "json"],
+                 ["compile", str(good), "--streams", "two", "--emi", "json"], ["run", str(good), "--em=json", "--seed", "x"]):
         assert main(argv) == 2
         out, err = capsys.readouterr()
         data = json.loads(out)
