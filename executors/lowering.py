@@ -66,7 +66,9 @@ class _BuildCtx:
         return self._externs[name]
 
 
-def _resolve_device(device, weights) -> torch.device:
+def resolve_device(device, weights) -> torch.device:
+    """build_executor's device=: checked (BuildError), plain 'cuda' as the current GPU; None takes
+    the first weight's device."""
     if device is None:
         w = next(iter(weights.values()), None)
         device = w.device if w is not None else "cpu"
@@ -118,7 +120,7 @@ def _checked_args(cp, weights, prefs, device, prepack: bool, check_memory: bool)
     in the layout its kernel reads (the executor keeps only these: executors.weights)."""
     weights = _weights_dict(cp, weights)
     prefs = _check_prefs(prefs)
-    device = _resolve_device(device, weights)
+    device = resolve_device(device, weights)
     _check_weights(cp, weights, device)
     if check_memory:
         from .resources import check_build
@@ -207,7 +209,9 @@ def build_executor(compiled, weights: dict, *, group=None, device=None, externs:
     if agree and has_coll:
         # before anything can raise on one rank only
         prefs = None if problem is not None else backend_prefs
-        agree_on_plan(plan_description(cp, tuning_data, prefs, problem=str(problem or "")), comms)
+        what = "" if problem is None else str(problem) if isinstance(problem, BuildError) else \
+            f"{type(problem).__name__}: {problem}"  # a MemoryError() says nothing by itself
+        agree_on_plan(plan_description(cp, tuning_data, prefs, problem=what), comms)
     if problem is not None:
         raise problem
     check_group_sizes(comms)

@@ -9,10 +9,9 @@ the gemm steps of an executor the tuner is measuring (executors.tools.tune refin
 
 from __future__ import annotations
 
-import json
-
 import torch
 
+from planner.errors import PlanError, read_json
 from planner.expr import eval_int
 from planner.tuning import (
     ALL_KEYS,
@@ -63,10 +62,9 @@ def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
     if isinstance(tuning, str):
         where = tuning
         try:
-            with open(tuning) as f:
-                tuning = json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise BuildError(f"cannot read tuning file {where}: {exc}") from None
+            tuning = read_json(tuning, "tuning file")
+        except PlanError as exc:  # unreadable, not JSON, a repeated key, too deep, a number too long
+            raise BuildError(str(exc)) from None
     if not isinstance(tuning, dict):
         raise BuildError(f"tuning= must be a file path, a tuning dict or {{limit: int}}, got {type(tuning).__name__}")
     if not tuning:

@@ -139,29 +139,34 @@ def _surely(cp: Compiled, v, b: dict, tuned: dict, gates: dict | None, calls=tup
 
 
 def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = None,
-           optimistic_only: bool = False) -> bool:
-    """Can every variant of ctx run at bindings b, in one call: its gate can hold and no variant
-    before it in its region surely takes the call (a fallback never sees the sizes the gates above
-    it always take)? The call is the optimistic one (a graph capture on the GPU), or any one call
-    of _CALL_CASES where a gate reads the capture state or the device (_calls)."""
+           optimistic_only: bool = False, together: bool = True) -> bool:
+    """Can every variant of ctx run at bindings b: its gate can hold and no variant before it in
+    its region surely takes the call (a fallback never sees the sizes the gates above it always
+    take)? The call is the optimistic one (a graph capture on the GPU), or any call of _CALL_CASES
+    where a gate reads the capture state or the device (_calls): one call for all of ctx when
+    `together`, else a call of its own for each region's variant."""
     variants = _variants(cp)
-    chosen, before = [], []  # the gated variants of ctx; the gated variants before them
+    parts = []  # per region of ctx: its variant (when gated) and the gated variants before it
     for rid, vname in ctx:
+        before = []
         for v in variants.get(rid, []):
             if v.name == vname:
-                if v.when is not None:
-                    chosen.append(v)
+                parts.append(([v] if v.when is not None else [], before))
                 break
             if v.when is not None:
                 before.append(v)
     facts = _optimistic_facts(cp, b, tuned)
-    for f in [facts] if optimistic_only else _calls(facts, chosen + before):
-        call = ((f.capturing, f.device, f.cc),)
-        if any(_surely(cp, v, b, tuned, gates, call) for v in before):
-            continue
-        if all(_can_hold(_gate(v, gates), f, v, cp) for v in chosen):
-            return True
-    return False
+
+    def runs(chosen: list, before: list) -> bool:
+        for f in [facts] if optimistic_only else _calls(facts, chosen + before):
+            call = ((f.capturing, f.device, f.cc),)
+            if not any(_surely(cp, v, b, tuned, gates, call) for v in before) and \
+                    all(_can_hold(_gate(v, gates), f, v, cp) for v in chosen):
+                return True
+        return False
+    if together:
+        return runs([v for c, _ in parts for v in c], [v for _, bs in parts for v in bs])
+    return all(runs(c, bs) for c, bs in parts)
 
 
 def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
@@ -176,18 +181,18 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
     if v is None:
         return None
     gates: dict = {}
-    facts_of = lambda b: _optimistic_facts(cp, b, tuned)  # noqa: E731
-    own = [b for b in _bucket_grid(cp, ctx)
-           if v.when is None or any(_can_hold(_gate(v, gates), f, v, cp) for f in _calls(facts_of(b), [v]))]
+    earlier = [x for x in variants[:variants.index(v)] if x.when is not None]
+    own, taken_by = False, set()
+    for b in _bucket_grid(cp, ctx):
+        for f in _calls(_optimistic_facts(cp, b, tuned), [v] + earlier):  # the call where it would run
+            if v.when is not None and not _can_hold(_gate(v, gates), f, v, cp):
+                continue
+            own = True
+            call = ((f.capturing, f.device, f.cc),)
+            taken_by |= {x.name for x in earlier if _surely(cp, x, b, tuned, gates, call)}
     if not own:
         return "its gate holds at no size the dims allow"
-    before = []
-    for x in variants:
-        if x.name == vname:
-            break
-        if x.when is not None and any(_surely(cp, x, b, tuned, gates) for b in own):
-            before.append(x.name)
-    names = ", ".join(f"'{n}'" for n in before) or "the variants before it"
+    names = ", ".join(f"'{x.name}'" for x in earlier if x.name in taken_by) or "the variants"
     return f"every size where its gate holds is taken by {names} before it"
 
 
@@ -221,25 +226,26 @@ def group_label(rids: list[str]) -> str:
     return rids[0] if len(rids) == 1 else f"{rids[0]} (+{len(rids) - 1} alike)"
 
 
-def variant_picks(cp: Compiled) -> list[tuple[str, dict]]:
-    """(label, region -> variant) of every variant combination the estimate covers: one name at
-    a time when all regions are alike (repeated layers take the same variant), else every
-    combination of the groups' variants (up to MAX_COMBOS)."""
+def variant_picks(cp: Compiled) -> list[tuple[str, dict, bool]]:
+    """(label, region -> variant, together) of every variant combination the estimate covers:
+    every combination of the groups' variants (up to MAX_COMBOS), each judged as one call
+    (together); else one name at a time (all regions alike: repeated layers take the same variant;
+    or too many combinations), a label over regions each judged in the calls it runs in."""
     groups = region_groups(cp)
     if not groups:
-        return [("(plan)", {})]
+        return [("(plan)", {}, True)]
     variants = _variants(cp)
     combos = 1
     for rids in groups:
         combos *= len(variants[rids[0]])
     if len(groups) == 1 or combos > MAX_COMBOS:
         names = sorted({v.name for vs in variants.values() for v in vs})
-        return [(n, variant_choice(cp, n)) for n in names]
+        return [(n, variant_choice(cp, n), False) for n in names]
     out = []
     for pick in itertools.product(*([v.name for v in variants[rids[0]]] for rids in groups)):
         choice = {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids}
         label = ", ".join(f"{group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True))
-        out.append((label, choice))
+        out.append((label, choice, True))
     return out
 
 
@@ -283,22 +289,23 @@ def _bucket_grid(cp: Compiled, ctx: tuple) -> list[dict]:
             for combo in itertools.product(*(plan.dims[n].buckets for n in walked))]
 
 
-def possible_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
-    """The buckets (see allowed_buckets) at which every variant of ctx can run; empty when the
-    variants of ctx never run together."""
+def possible_buckets(cp: Compiled, ctx: tuple, tuned: dict, together: bool = True) -> list[dict]:
+    """The buckets (see allowed_buckets) at which every variant of ctx can run (in one call, or
+    each in a call of its own where not `together`: variant_picks' one name at a time); empty when
+    the variants of ctx never run (together)."""
     if not cp.plan.dims:
         return [{}]
     gates: dict = {}  # one compiled gate per variant (repeated layers share the same few)
-    return [b for b in _bucket_grid(cp, ctx) if _holds(cp, ctx, b, tuned, gates)]
+    return [b for b in _bucket_grid(cp, ctx) if _holds(cp, ctx, b, tuned, gates, together=together)]
 
 
-def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[dict]:
+def allowed_buckets(cp: Compiled, ctx: tuple, tuned: dict, together: bool = True) -> list[dict]:
     """Dim bindings (from the dims' buckets) under which every gate of `ctx` can hold: the
     buckets of the walked dims (_walked_dims), the other dims at their maximum (all of them
     when no bucket holds, so a scope is always rated somewhere)."""
     if not cp.plan.dims:
         return [{}]
-    return possible_buckets(cp, ctx, tuned) or _bucket_grid(cp, ctx)
+    return possible_buckets(cp, ctx, tuned, together) or _bucket_grid(cp, ctx)
 
 
 def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
@@ -307,11 +314,11 @@ def rep_bindings(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
     return b[len(b) // 2]
 
 
-def largest_bucket(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
+def largest_bucket(cp: Compiled, ctx: tuple, tuned: dict, together: bool = True) -> dict:
     """The largest size a scope's gates allow (where its memory peaks): the largest allowed
     bucket, each walked dim raised towards its next bucket while the gates still hold
     (num_tokens < 16 -> 15)."""
-    allowed = allowed_buckets(cp, ctx, tuned)
+    allowed = allowed_buckets(cp, ctx, tuned, together)
     top = dict(allowed[-1])
     if not cp.plan.dims:
         return top
@@ -321,7 +328,7 @@ def largest_bucket(cp: Compiled, ctx: tuple, tuned: dict) -> dict:
         lo, hi = top[name], (above[0] if above else d.hi + 1)
         while hi - lo > 1:  # gates over a dim are monotone between two buckets in every shipped form
             mid = (lo + hi) // 2
-            if _holds(cp, ctx, {**top, name: mid}, tuned):
+            if _holds(cp, ctx, {**top, name: mid}, tuned, together=together):
                 lo = mid
             else:
                 hi = mid

@@ -56,9 +56,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _wants_json(argv: list[str]) -> bool:
     """--emit json among the arguments, read without the parser (which is what just failed); as the
-    parser does, any unambiguous prefix of --emit (--em, --emi) counts."""
+    parser does, a prefix of --emit (--e, --em, --emi) counts."""
     def emit(flag: str) -> bool:
-        return len(flag) >= 4 and "--emit".startswith(flag)
+        return len(flag) >= 3 and "--emit".startswith(flag)
     for i, a in enumerate(argv):
         flag, eq, value = a.partition("=")
         if emit(flag) and (value == "json" if eq else i + 1 < len(argv) and argv[i + 1] == "json"):

@@ -65,15 +65,20 @@ def out_spec(self, ctx, shape, dtype, i: int = 0, **kw) -> TensorSpec:
     return TensorSpec(self.out[i] if len(self.out) > i else self.id, tuple(shape), dtype, **kw)
 
 
-def carried_meta(*specs: TensorSpec) -> dict:
-    """What stays true of a tensor made by copying or moving whole rows of these (slices, views that
-    keep the last dim, gathers, region outputs): quantize's `scale_group`, the K elements one scale
-    column covers, which a gemm reads its scales by. Where members differ, a group other than 128 is
-    kept, so the gemm refuses the scales for the variant that would read them wrong."""
-    groups = {s.meta["scale_group"] for s in specs if s.meta.get("scale_group") is not None}
-    if not groups:
+def carried_meta(*specs: TensorSpec, pieces: bool = False) -> dict:
+    """What stays true of a tensor whose elements are elements of these, moved (copies, slices,
+    views, gathers, shards, region outputs): quantize's `scale_group`, the K elements one scale
+    covers, which a gemm reads its scales by. One of several tensors (a region output: one variant's
+    runs) keeps a group other than 128 where they differ, so the gemm refuses what one variant
+    would read wrong; `pieces` (a cat: all of them, side by side) keeps a group only where every
+    piece has it, since a split of the cat (a packed collective's unpacking) hands it to each piece."""
+    groups = [s.meta.get("scale_group") for s in specs]
+    if pieces:
+        return {"scale_group": groups[0]} if groups and groups[0] is not None and len(set(groups)) == 1 else {}
+    known = {g for g in groups if g is not None}
+    if not known:
         return {}
-    return {"scale_group": max(groups, key=lambda g: (g != SCALE_BLOCK, g))}
+    return {"scale_group": max(known, key=lambda g: (g != SCALE_BLOCK, g))}
 
 
 def same_shape(ctx, a: TensorSpec, b: TensorSpec) -> bool:

@@ -69,7 +69,7 @@ class AllGather(OpBase):
                 ctx.fail(f"backend=p2p needs a static row size; '{self.x}' is {fmt_shape(t.shape)}", "backend")
         shape = list(t.shape)
         shape[d] = ctx.simplify(Bin("*", _lift(shape[d]), Num(size))) if not isinstance(shape[d], int) else shape[d] * size
-        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t) if d == 0 else {})]
+        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t))]
 
 
 class ReduceScatter(OpBase):
@@ -420,7 +420,7 @@ class Cat(OpBase):
                 isinstance(total, int) and isinstance(s.shape[d], int)) else total + s.shape[d]
         shape = list(first.shape)
         shape[d] = total
-        return [_out(self, ctx, shape, first.dtype, meta=carried_meta(*specs))]
+        return [_out(self, ctx, shape, first.dtype, meta=carried_meta(*specs, pieces=True))]
 
 
 class Slice(OpBase):
@@ -488,7 +488,7 @@ class Pad(OpBase):
             ctx.fail(f"pad multiple must be a positive constant, got {fmt_dim(m)}", "multiple")
         shape = list(t.shape)
         shape[d] = ctx.simplify(Call("round_up", (_lift(t.shape[d]), Num(m))))
-        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t) if d == 0 else {})]
+        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t))]
 
 
 class Shard(OpBase):
@@ -507,7 +507,7 @@ class Shard(OpBase):
         d = _norm_dim(ctx, t, self.dim)
         shape = list(t.shape)
         shape[d] = ctx.simplify(Call("ceil_div", (_lift(t.shape[d]), Num(size))))
-        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t) if d == 0 else {})]
+        return [_out(self, ctx, shape, t.dtype, meta=carried_meta(t))]
 
 
 class Copy(OpBase):
@@ -546,9 +546,8 @@ class View(OpBase):
             return n
         if not ctx.probes.holds(lambda b: numel(shape, b) == numel(t.shape, b)):
             ctx.fail(f"view {fmt_shape(shape)} has a different element count than '{self.x}' {fmt_shape(t.shape)}", "shape")
-        keeps_rows = t.rank and len(shape) and ctx.probes.equal(shape[-1], t.shape[-1])
         return [TensorSpec(self.out[0], tuple(shape), t.dtype, alias_of=t.alias_of or t.name,
-                           meta=carried_meta(t) if keeps_rows else {})]
+                           meta=carried_meta(t))]
 
 
 class Select(OpBase):

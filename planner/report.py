@@ -60,9 +60,9 @@ def _estimates(cp: Compiled, cfg) -> tuple[list[dict], list[str]]:
     us, nbytes = per_op(cp, model.op_us), per_op(cp, model.op_demand)  # the variants share buckets
     alike = len(region_groups(cp)) == 1
     out, never = [], []
-    for label, choice in variant_picks(cp):
+    for label, choice, together in variant_picks(cp):
         ctx = tuple(sorted(choice.items()))
-        allowed = possible_buckets(cp, ctx, tuned) if choice else allowed_buckets(cp, (), tuned)
+        allowed = possible_buckets(cp, ctx, tuned, together) if choice else allowed_buckets(cp, (), tuned)
         if not allowed:
             if alike:
                 rid, vname = next(iter(choice.items()))

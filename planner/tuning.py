@@ -253,8 +253,7 @@ def load_tuning(src) -> dict:
     """A tuning file path or an already-loaded dict -> validated dict."""
     if isinstance(src, dict):
         return validate_tuning(src)
-    data = json.loads(Path(src).read_text())
-    return validate_tuning(data, str(src))
+    return validate_tuning(read_json(src, "tuning file"), str(src))
 
 
 def save_tuning(data: dict, path) -> Path:

@@ -85,6 +85,26 @@ def extern_missing(rank, world, differ_rank):
     return "built"
 
 
+class _Exhausted(dict):
+    """Weights whose reading fails with an exception that has no message (as a MemoryError may)."""
+
+    def items(self):
+        raise MemoryError()
+
+
+def weight_read_fails(rank, world, differ_rank):
+    """The race plan built directly; reading the weights fails on `differ_rank` with MemoryError()."""
+    import torch
+
+    from executors import build_executor
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    plan = load_plan(RACE, text=_race_text())
+    weights = {n: torch.zeros(plan.tensors[n].shape).bfloat16() for n in plan.weights}
+    build_executor(compile_plan(plan), _Exhausted(weights) if rank == differ_rank else weights, device="cpu")
+    return "built"
+
+
 def same(rank, world, variant_lim):
     """The race plan with the same tuning on every rank: runs and matches the reference."""
     return _check(_race_text(), rank, RACE, tuning={"lim": variant_lim})
@@ -96,7 +116,7 @@ def every_case(rank, world, differ_rank):
     from executors.collectives import PlanMismatch
     out = {}
     cases = {"dtype": dtype_differs, "width": width_differs, "tuning": tuning_differs, "weight": weight_differs,
-             "extern": extern_missing}
+             "extern": extern_missing, "silent": weight_read_fails}
     for name, fn in cases.items():
         try:
             out[name] = ("ran", fn(rank, world, differ_rank))

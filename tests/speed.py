@@ -36,7 +36,8 @@ def best_of(fn, repeat: int = 5, number: int = 1) -> float:
 
 @functools.cache
 def unit_s() -> float:
-    """Seconds one reference workload takes here (about 5 ms on a 2-core dev machine)."""
+    """Seconds one reference workload takes here (5-6 ms on an idle 2-core dev machine, up to twice
+    that beside another test run)."""
     return best_of(_reference_work, repeat=7)
 
 

@@ -266,7 +266,7 @@ def test_variants_of_two_regions_are_judged_in_one_call(tmp_path):
     assert not possible_buckets(cp, (("r1", "graph1"), ("r2", "eager2")), tuned)
     assert possible_buckets(cp, (("r1", "eager1"), ("r2", "eager2")), tuned)
     assert possible_buckets(cp, (("r1", "graph1"), ("r2", "graph2")), tuned)
-    labels = [label for label, _ in variant_picks(cp)]
+    labels = [label for label, _, _ in variant_picks(cp)]
     assert set(cp.report["estimate-memory"]["variants"]) >= {"r1=eager1, r2=eager2", "r1=graph1, r2=graph2"}, labels
     for label in ("r1=eager1, r2=graph2", "r1=graph1, r2=eager2"):
         assert cp.report["estimate-memory"]["variants"].get(label, {}).get("never_runs", True), label
@@ -293,3 +293,60 @@ ops:
 """, header=TWO_DIMS)
     for b in ({"num_tokens": 1, "num_seqs": 1}, {"num_tokens": 256, "num_seqs": 256}):
         assert running_variants(cp, b, cp.plan.tuned) == {"r1": "gpu_path"}
+
+
+def _six_regions(gates):
+    ops = []
+    for i, gate in enumerate(gates):
+        ops.append(f"""  - region: r{i}
+    outputs: [y{i}]
+    variants:
+      - name: fast
+        when: {gate}
+        ops:
+          - y{i}: gemm(x, w)
+      - name: slow
+        ops:
+          - y{i}: copy(x)
+""")
+    return f"outputs: [{', '.join(f'y{i}' for i in range(len(gates)))}]\nops:\n" + "".join(ops)
+
+
+def test_one_name_at_a_time_judges_each_region_in_its_own_calls(tmp_path):
+    """Past 32 combinations the estimate takes one variant name at a time; 'fast' is a capture
+    variant in three regions and an eager one in three others, so no one call runs them all: the
+    estimate and the memory table still list it (they went empty)."""
+    cp = compiled(tmp_path, _six_regions(["capturing", "not capturing", "capturing and num_tokens > 1",
+                                          "not capturing and num_tokens > 2", "capturing and num_tokens > 3",
+                                          "not capturing and num_tokens > 4"]),
+                  header=TWO_DIMS)
+    assert set(cp.report["estimate-memory"]["variants"]) == {"fast", "slow"}
+    assert not any(v.get("never_runs") for v in cp.report["estimate-memory"]["variants"].values())
+    from planner.config import CompileConfig
+    from planner.report import to_text
+    text = to_text(cp, CompileConfig())
+    assert "  fast  " in text.split("Estimated time per variant")[1].split("Memory")[0], text
+
+
+def test_a_variant_shadowed_within_its_call_names_the_one_before_it(tmp_path):
+    from planner.analysis import never_running
+    cp = compiled(tmp_path, """
+outputs: [y]
+ops:
+  - region: r
+    outputs: [y]
+    variants:
+      - name: graph
+        when: capturing
+        ops:
+          - y: gemm(x, w)
+      - name: small_graph
+        when: capturing and num_tokens <= 64
+        ops:
+          - y: copy(x)
+      - name: eager
+        ops:
+          - y: add(x, x)
+""", header=TWO_DIMS)
+    assert never_running(cp, cp.plan.tuned) == {
+        ("r", "small_graph"): "every size where its gate holds is taken by 'graph' before it"}

@@ -268,6 +268,7 @@ def _groups_refused_and_128_taken(tmp_path, body, read):
     ("  - xs2, xs3: split(xs, [1, 1], dim=1)\n  - xs4: cat([xs2, xs3], dim=1)\n", "xs4"),
     ("  - xs2: view(xs, [num_tokens, 2])\n", "xs2"),
     ("  - xs2: shard(xs, tp)\n  - xs3: all_gather(xs2, tp)[:num_tokens]\n", "xs3"),
+    ("  - xs2: shard(xs, tp, dim=1)\n  - xs3: all_gather(xs2, tp, dim=1)\n", "xs3"),
 ])
 def test_scale_groups_follow_copies_slices_views_and_gathers(tmp_path, made, read):
     """Scales that went through a copy, slice, split, cat, view or a gather of their rows still hold
@@ -299,3 +300,54 @@ ops:
   - y: gemm(xq, w, scale_a=xs, scale_b=sw)
 """
     _groups_refused_and_128_taken(tmp_path, body, "xs")
+
+
+def test_scale_groups_follow_a_view_that_moves_them_to_other_rows(tmp_path):
+    """[T, 4] scales of groups of 96 viewed as [2T, 2] beside the fp8 rows viewed alike are still
+    groups of 96: read as 1x128 blocks they gave 14 % errors."""
+    head = _scaled_head(192).replace("x: bf16[num_tokens, 192]", "x: bf16[num_tokens, 384]")
+    body = """
+outputs: [y]
+ops:
+  - q, s: quantize(x, fp8_e4m3, block=[1, 96])
+  - q2: view(q, [2 * num_tokens, 192])
+  - s2: view(s, [2 * num_tokens, 2])
+  - y: gemm(q2, w, scale_a=s2, scale_b=sw)
+"""
+    d = error(tmp_path, body, head).diagnostics[0]
+    assert "scale_a 's2' holds groups of 96 along K" in d.message, d
+
+
+def test_packed_gathers_of_scales_in_different_groups_still_plan(tmp_path):
+    """fuse-collectives packs the two scale gathers into one; the unpacked pieces must not take
+    each other's group (validate failed verification with 'holds groups of 512')."""
+    p = tmp_path / "p.yaml"
+    p.write_text(_scaled_head(256).replace("  sw: fp32[1, 2]\n", """  sw: fp32[1, 2]
+  w2: fp8_e4m3[64, 512]
+  sw2: fp32[64, 1]
+""").replace("inputs:\n", "inputs:\n  x2: bf16[num_tokens, 512]\n") + """
+outputs: [y1, y2]
+ops:
+  - q1, s1: quantize(x, fp8_e4m3, block=[1, 128])
+  - q2, s2: quantize(x2, fp8_e4m3, block=[1, 512])
+  - s1g: all_gather(s1, tp)
+  - s2g: all_gather(s2, tp)
+  - y1: gemm(all_gather(q1, tp), w, scale_a=s1g, scale_b=sw)
+  - y2: gemm(all_gather(q2, tp), w2, scale_a=s2g, scale_b=sw2)
+""")
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    cp = compile_plan(load_plan(p))
+    assert any(d["op"].op == "all_gather" and len(d["op"].fused_from) > 1 for _, d in cp.graph.nodes(data=True))
+
+
+def test_a_cut_of_per_token_scales_is_still_one_scale_per_row(tmp_path):
+    """Per-token scales (one group of K = 256 per row) cut to [T, 1] beside the first 128 columns
+    are read right as one scale per row."""
+    load(tmp_path, """
+outputs: [y]
+ops:
+  - xq, xs: quantize(x, fp8_e4m3, block=[1, 256])
+  - y: gemm(xq[:, :128], w, scale_a=xs[:, :1], scale_b=sw)
+""", _scaled_head(256).replace("w: fp8_e4m3[64, 256]", "w: fp8_e4m3[64, 128]").replace("sw: fp32[1, 2]",
+                                                                                       "sw: fp32[1, 1]"))

@@ -48,6 +48,11 @@ def test_missing_model_code_on_one_rank_is_named_on_every_rank(cases):
     assert "first difference in build errors: rank 0 has (nothing); rank 1 has" in msg and "'act'" in msg, msg
 
 
+def test_an_error_without_a_message_on_one_rank_is_named_by_its_type(cases):
+    msg = _refused(cases, "silent")  # an empty message agreed with the others' empty one
+    assert "first difference in build errors: rank 0 has (nothing); rank 1 has MemoryError" in msg, msg
+
+
 def test_tuning_difference_is_named(cases):
     msg = _refused(cases, "tuning")
     assert "first difference in tuned limits: rank 0 has lim=16; rank 1 has lim=4" in msg

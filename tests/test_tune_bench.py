@@ -331,3 +331,15 @@ def test_tune_and_bench_arguments_checked_before_the_gpu(tmp_path, capsys, argv,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "error[" in err and "GPU" not in err
+
+
+def test_a_range_of_more_sizes_than_can_be_timed_is_refused_before_it_is_built(tmp_path, capsys):
+    """A dim of 1..10**10 allows --tokens 1..10**10, which was built as a list (a MemoryError)."""
+    import shutil
+    shutil.copytree(KDA.parent / "lib", tmp_path / "lib")  # the plan's include
+    p = tmp_path / "big.yaml"
+    p.write_text(KDA.read_text().replace("range: 1..16, buckets: [1, 2, 4, 8, 12, 16]", "range: 1..10000000000, buckets: [1, 16, 10000000000]"))
+    for argv in (["bench", str(p), "--tokens", "1..10000000000"], ["tune", str(p), "--buckets", "8,1..70000"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "sizes; at most 65,536 (each is a run)" in err and "Traceback" not in err, err

@@ -146,8 +146,6 @@ def _extern(op, bctx):
     dts = [torch_dtype(d) for _, d in results]
     wants_shape = getattr(fn, "wants_shape", False)
     device = torch.device(bctx.device)
-    if device.type == "cuda" and device.index is None:  # "cuda" is the current device (planner tune's)
-        device = torch.device("cuda", torch.cuda.current_device())
     if op.shapes is None:
         shape, dt = shapes[0], dts[0]
 

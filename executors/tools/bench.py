@@ -33,6 +33,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+MAX_SIZES = 65536  # sizes one --tokens / --buckets may list: each is a timed run
+
+
 class SizeOutOfRange(ValueError):
     """A size (or a range's end) outside the bounds parse_tokens was given; `value` names it."""
 
@@ -41,10 +44,19 @@ class SizeOutOfRange(ValueError):
         self.value = value
 
 
+class TooManySizes(ValueError):
+    """More than MAX_SIZES sizes; `count` says how many were asked for."""
+
+    def __init__(self, count: int):
+        super().__init__(count)
+        self.count = count
+
+
 def parse_tokens(text: str | None, default: list, bounds: tuple[int, int] | None = None) -> list:
     """'1,2,4..8' -> [1, 2, 4, 5, 6, 7, 8] (sorted, no repeats); default for none. ValueError for
-    anything but integers and LO..HI ranges; SizeOutOfRange for a size outside `bounds`, checked
-    before a range is expanded (1..10**10 is refused, not built)."""
+    anything but integers and LO..HI ranges; SizeOutOfRange for a size outside `bounds` and
+    TooManySizes past MAX_SIZES, both checked before a range is expanded (1..10**10 is refused,
+    not built)."""
     if not text:
         return list(default)
 
@@ -59,7 +71,10 @@ def parse_tokens(text: str | None, default: list, bounds: tuple[int, int] | None
             lo, hi = part.split("..")
             lo, hi = int(lo), int(hi)
             if lo <= hi:
-                out.extend(range(inside(lo), inside(hi) + 1))
+                inside(lo), inside(hi)
+                if len(out) + hi - lo + 1 > MAX_SIZES:
+                    raise TooManySizes(len(out) + hi - lo + 1)
+                out.extend(range(lo, hi + 1))
         elif part:
             out.append(inside(int(part)))
     return sorted(set(out))

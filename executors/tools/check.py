@@ -180,22 +180,25 @@ def outputs_match(a, r, tol: tuple[float, float] | None, normwise: bool = False)
 
 
 def forced_runs(cp) -> list[dict]:
-    """One forcing per variant name: that variant in every (live) region that has it, and the
-    variants those regions sit in (so a nested variant runs), where that forces no region two ways."""
+    """One forcing per variant name: that variant in every live region that has it, and the
+    variants those regions sit in (so a nested variant runs) where that forces no region two ways.
+    A region inside a variant the compile removed is not live."""
+    def live(o, v):
+        return any(x.name == v for x in cp.variants.get(o, ()))
+    regions = {r: vs for r, vs in cp.variants.items() if all(live(o, v) for o, v in cp.plan.regions[r].within)}
     names: list[str] = []
-    for vs in cp.variants.values():
+    for vs in regions.values():
         for v in vs:
             if v.name not in names:
                 names.append(v.name)
     out = []
     for n in names:
-        f = {r: n for r, vs in cp.variants.items() if any(v.name == n for v in vs)}
+        f = {r: n for r, vs in regions.items() if any(v.name == n for v in vs)}
         for r in list(f):
             within = cp.plan.regions[r].within
             if all(f.get(o, v) == v for o, v in within):
                 f.update(within)
-        if f:
-            out.append(f)
+        out.append(f)
     return out
 
 

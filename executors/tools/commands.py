@@ -209,12 +209,15 @@ def _world(plan, given: int | None) -> int:
 
 def _sizes_arg(flag: str, text: str | None, plan, dim: str) -> list:
     """--tokens of bench, --buckets of tune: integers and LO..HI ranges inside the dim's range."""
-    from .bench import SizeOutOfRange, parse_tokens
+    from .bench import MAX_SIZES, SizeOutOfRange, TooManySizes, parse_tokens
     d = plan.dims[dim]
     try:
         out = parse_tokens(text, d.buckets, bounds=(d.lo, d.hi))
         if not out:  # "," or a range such as 8..1
             raise ValueError(text)
+    except TooManySizes as e:
+        raise PlanError.at(None, "param", f"{flag} {text!r} lists {e.count:,} sizes; at most {MAX_SIZES:,}"
+                           " (each is a run)") from None
     except SizeOutOfRange as e:
         raise PlanError.at(None, "param", f"{flag}: {e.value} is outside {dim}'s range {d.lo}..{d.hi}") from None
     except ValueError:

@@ -17,6 +17,7 @@ import importlib
 from types import SimpleNamespace
 
 from ..backends.registry import impl_of
+from ..lowering import resolve_device
 from .tune_ops import keyed_ops
 
 __all__ = ["extern_sites", "tune_externs", "load_externs"]
@@ -38,7 +39,7 @@ def tune_externs(cp, dim: str, buckets: list, res: dict, externs: dict, device: 
             if log:
                 log(f"[tune] ({i + 1}/{len(sites)}) {sig}: no implementation of '{op.fn}' given; keeps its cost_us")
             continue
-        bctx = SimpleNamespace(params=cp.plan.params, extern=externs.__getitem__, device=device)
+        bctx = SimpleNamespace(params=cp.plan.params, extern=externs.__getitem__, device=resolve_device(device, {}))
         run = impl_of("extern", "torch").make(op, bctx)
         sets = _input_sets(specs, bind, nsets, device)
         b = {d: bind[d] for d in cp.plan.dims}

@@ -495,12 +495,12 @@ def _check_variants(cp, issue, assign, decisions, scopes, cost, tuned, ev, pinne
     """Simulate each plan variant (combination, analysis.variant_picks) as a whole at the
     buckets where it runs; a scope whose overlap loses against serial at some bucket goes back
     to serial (scopes interact on shared streams)."""
-    for label, choice in variant_picks(cp):  # every combination of variants that can run together
+    for label, choice, together in variant_picks(cp):  # every combination of variants that can run together
         cc = tuple(sorted(choice.items()))
         ctxs = [c for c in scopes if compatible(cc, c)]
         if len(ctxs) < 2:
             continue  # one scope: its own rating was already of the whole variant
-        bks = possible_buckets(cp, cc, tuned) if choice else allowed_buckets(cp, (), tuned)
+        bks = possible_buckets(cp, cc, tuned, together) if choice else allowed_buckets(cp, (), tuned)
         if not bks:
             continue  # these variants never run (together)
         nodes = {v for c in ctxs for v in scopes[c]}

@@ -91,12 +91,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     # the variant combinations the estimate covers (analysis.variant_picks): one name at a time
     # when the regions are alike (layers), else every combination of differing regions that can
     # run together, each at the largest size where it runs
-    for label, choice in variant_picks(cp):
+    for label, choice, together in variant_picks(cp):
         ctx = tuple(sorted(choice.items()))
-        runs = not choice or bool(possible_buckets(cp, ctx, tuned))
+        runs = not choice or bool(possible_buckets(cp, ctx, tuned, together))
         if not runs and not alike:
             continue  # these variants never run together
-        at = largest_bucket(cp, ctx, tuned)
+        at = largest_bucket(cp, ctx, tuned, together)
         out["variants"][label] = {**peak(cp, choice or None, at), "bindings": at}
         if not runs:
             out["variants"][label]["never_runs"] = True  # sized at the dims' top, for the record
