@@ -239,7 +239,7 @@ ops:
 
 
 # K = 192 in groups of 96 gives the [T, 2] scales that 1x128 blocks give at K = 256
-def _scaled_head(k, extra=""):
+def _scaled_head(k):
     return f"""
 plan: t
 params:

@@ -71,7 +71,8 @@ def parse_tokens(text: str | None, default: list, bounds: tuple[int, int] | None
             lo, hi = part.split("..")
             lo, hi = int(lo), int(hi)
             if lo <= hi:
-                inside(lo), inside(hi)
+                inside(lo)
+                inside(hi)
                 if len(out) + hi - lo + 1 > MAX_SIZES:
                     raise TooManySizes(len(out) + hi - lo + 1)
                 out.extend(range(lo, hi + 1))
