@@ -172,8 +172,10 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
 def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
     """Why variant vname of region rid takes no call at any bucket, or None when it can run: its
     gate holds at no size the dims allow, or every size where it holds is taken by the variants
-    before it (named)."""
-    ctx = ((rid, vname),)
+    before it (named). A region nested in variants is judged at the sizes and in the calls where
+    those variants run (a fallback inside 'decode' never sees the sizes 'decode' leaves out)."""
+    within = tuple(cp.plan.regions[rid].within) if rid in cp.plan.regions else ()
+    ctx = within + ((rid, vname),)
     if possible_buckets(cp, ctx, tuned):
         return None
     variants = _variants(cp).get(rid, [])
@@ -182,18 +184,25 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
         return None
     gates: dict = {}
     earlier = [x for x in variants[:variants.index(v)] if x.when is not None]
+    outer = [x for o, n in within for x in _variants(cp).get(o, []) if x.name == n and x.when is not None]
+    runs = " runs" if len(within) == 1 else " run"
+    where = ", ".join(f"variant '{n}' of region {o}" for o, n in within) + runs if within else ""
     own, taken_by = False, set()
     for b in _bucket_grid(cp, ctx):
-        for f in _calls(_optimistic_facts(cp, b, tuned), [v] + earlier):  # the call where it would run
+        if within and not _holds(cp, within, b, tuned, gates):
+            continue  # the variants it sits in take no call here
+        for f in _calls(_optimistic_facts(cp, b, tuned), [v] + earlier + outer):  # the call where it would run
+            if not all(_can_hold(_gate(x, gates), f, x, cp) for x in outer):
+                continue
             if v.when is not None and not _can_hold(_gate(v, gates), f, v, cp):
                 continue
             own = True
             call = ((f.capturing, f.device, f.cc),)
             taken_by |= {x.name for x in earlier if _surely(cp, x, b, tuned, gates, call)}
     if not own:
-        return "its gate holds at no size the dims allow"
+        return f"its gate holds in no call where {where}" if within else "its gate holds at no size the dims allow"
     names = ", ".join(f"'{x.name}'" for x in earlier if x.name in taken_by) or "the variants"
-    return f"every size where its gate holds is taken by {names} before it"
+    return f"every size where its gate holds{' while ' + where if within else ''} is taken by {names} before it"
 
 
 def never_running(cp: Compiled, tuned: dict) -> dict[tuple[str, str], str]:
@@ -226,11 +235,21 @@ def group_label(rids: list[str]) -> str:
     return rids[0] if len(rids) == 1 else f"{rids[0]} (+{len(rids) - 1} alike)"
 
 
+def _active(cp: Compiled, choice: dict) -> dict:
+    """The regions of a choice that take part in it: those whose enclosing variants it picks (a
+    region inside 'decode' plays no part in a call that runs 'prefill')."""
+    regions = cp.plan.regions
+    return {r: n for r, n in choice.items()
+            if all(choice.get(o) == v for o, v in (regions[r].within if r in regions else ()))}
+
+
 def variant_picks(cp: Compiled) -> list[tuple[str, dict, bool]]:
     """(label, region -> variant, together) of every variant combination the estimate covers:
     every combination of the groups' variants (up to MAX_COMBOS), each judged as one call
     (together); else one name at a time (all regions alike: repeated layers take the same variant;
-    or too many combinations), a label over regions each judged in the calls it runs in."""
+    or too many combinations), a label over regions each judged in the calls it runs in. A region
+    nested in a variant the combination does not pick is left out of it (and of its label), so
+    each combination is listed once."""
     groups = region_groups(cp)
     if not groups:
         return [("(plan)", {}, True)]
@@ -238,13 +257,24 @@ def variant_picks(cp: Compiled) -> list[tuple[str, dict, bool]]:
     combos = 1
     for rids in groups:
         combos *= len(variants[rids[0]])
+    out, seen = [], set()
     if len(groups) == 1 or combos > MAX_COMBOS:
         names = sorted({v.name for vs in variants.values() for v in vs})
-        return [(n, variant_choice(cp, n), False) for n in names]
-    out = []
+        for n in names:
+            choice = variant_choice(cp, n)
+            key = tuple(sorted(choice.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append((n, choice, False))
+        return out
     for pick in itertools.product(*([v.name for v in variants[rids[0]]] for rids in groups)):
-        choice = {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids}
-        label = ", ".join(f"{group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True))
+        choice = _active(cp, {rid: name for rids, name in zip(groups, pick, strict=True) for rid in rids})
+        key = tuple(sorted(choice.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        label = ", ".join(f"{group_label(rids)}={name}" for rids, name in zip(groups, pick, strict=True)
+                          if rids[0] in choice)
         out.append((label, choice, True))
     return out
 
@@ -368,12 +398,19 @@ def per_op(cp: Compiled, measure):
 
 
 def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
-    """Region -> variant: `name` where the region has it, else the fallback."""
-    out = {}
-    for rid, vs in _variants(cp).items():
-        names = [v.name for v in vs]
-        out[rid] = name if name in names else names[-1]
-    return out
+    """Region -> variant: `name` where the region has it (and the variants that region sits in,
+    where that picks no region two ways), else the fallback; regions nested in variants it does
+    not pick are left out (_active)."""
+    variants = _variants(cp)
+    regions = cp.plan.regions
+    out = {rid: name for rid, vs in variants.items() if any(v.name == name for v in vs)}
+    for rid in list(out):
+        within = regions[rid].within if rid in regions else ()
+        if all(out.get(o, v) == v for o, v in within):
+            out.update(within)
+    for rid, vs in variants.items():
+        out.setdefault(rid, vs[-1].name)
+    return _active(cp, out)
 
 
 def simulate(cp: Compiled, costs: dict, choice: dict | None = None, event_us: float = 1.0,

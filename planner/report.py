@@ -133,9 +133,9 @@ def to_json(cp: Compiled, cfg) -> dict:
             "attrs": attrs,
         })
     variants = []
-    for rid, vs in cp.variants.items():
-        all_vs = plan.regions[rid].variants
-        for v in all_vs:
+    for rid, reg in plan.regions.items():  # a region removed with the variant it sits in: none live
+        vs = cp.variants.get(rid, [])
+        for v in reg.variants:
             variants.append({
                 "region": rid, "name": v.name, "when": v.when_text, "fallback": v.when is None,
                 "live": v in vs, "static": v.static,
@@ -350,6 +350,8 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                 if dead:
                     mark = st.yellow(f"  [never runs: {dead}]")
                 L.append(f"    {v.name:<14} when {gate}{mark}")
+        for rid, at in (cp.report.get("dce:regions") or {}).items():
+            L.append(f"  region {rid}:" + st.yellow(f"  [removed with variant '{at['variant']}' of region {at['region']}]"))
 
     L.append("")
     L.append(st.bold("Schedule") + st.dim("  (issue order; ops of one region shown once when regions repeat)"))

@@ -3,7 +3,8 @@
 Pre: a built graph. Post: every op reaches a plan output or an extern marked effects=true
 (model code that writes state, kept though nothing reads its results); every region keeps its
 live variants in order (a variant whose gate folds to true makes the later ones
-dead); select ops list only live variants.
+dead); a region nested in a removed variant is gone with it (no variant of it is live, so
+nothing estimates, forces or gates it); select ops list only live variants.
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                     by_msg.setdefault(f"variant '{w.name}' removed: '{v.name}' always applies", []).append(rid)
                 break
         cp.variants[rid] = live
+    # regions inside a removed variant (within: the variants they sit in, outermost first)
+    gone_regions = {}
+    for rid in list(cp.variants):
+        outer = next((w for w in cp.plan.regions[rid].within if w in dead_variants), None)
+        if outer is not None:
+            dead_variants |= {(rid, v.name) for v in cp.plan.regions[rid].variants}
+            del cp.variants[rid]
+            gone_regions[rid] = outer
+            for msg in list(by_msg):  # its own variants' notes: the whole region is gone
+                by_msg[msg] = [r for r in by_msg[msg] if r != rid]
+                if not by_msg[msg]:
+                    del by_msg[msg]
+    for rid, (o, v) in gone_regions.items():
+        by_msg.setdefault(f"removed with variant '{v}' of region {o}", []).append(rid)
+    cp.report[NAME + ":regions"] = {rid: {"region": o, "variant": v} for rid, (o, v) in gone_regions.items()}
     for msg, rids in by_msg.items():
         where = rids[0] if len(rids) == 1 else f"{len(rids)} regions ({rids[0]}, ...)"
         notes.append(f"{where}: {msg}")
