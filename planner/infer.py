@@ -269,7 +269,7 @@ def check_inplace(ops, tensors, outputs, locs, field_locs, op_ctx=None) -> None:
             raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace writes x + residual into '{o.residual}' and"
                                f" the normalized result into '{o.x}', which are the same storage; drop inplace or"
                                " give two different tensors")
-        for field in ("x", "residual"):
+        for field in o.INPLACE_FIELDS:
             n = getattr(o, field)
             loc = field_locs.get(o.id, {}).get(field) or locs.get(o.id)
             _may_share(o, n, by_id, tensors, readers, outs, loc)

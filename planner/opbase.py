@@ -7,7 +7,7 @@ planner/ops.py holds the discriminated union of them all.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,9 @@ class OpBase(BaseModel):
     out: list[str] = Field(default_factory=list, description="Output tensor names ('_' discards).")
     stream: str | None = Field(None, description="Pin the op to a stream; otherwise the planner decides.")
     doc: str | None = Field(None, description="Free text shown in reports and pictures.")
+
+    # fields naming the operands `inplace: true` writes over (the norms'); none elsewhere
+    INPLACE_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def inputs(self) -> list[str]:
         return []
@@ -99,8 +102,9 @@ def fmt(d) -> str:
 
 
 def written_in_place(op) -> list[str]:
-    """The operands an op with inplace=true writes over (x and residual of the norms); cat's
-    `inplace` lists members already written into its buffer, not writes of its own."""
-    if getattr(op, "inplace", False) is not True or op.op == "cat":
+    """The operands an op with inplace=true writes over (its INPLACE_FIELDS: x and residual of
+    add_rmsnorm, residual alone of the fused all-reduce + norm); cat's `inplace` lists members
+    already written into its buffer, not writes of its own."""
+    if getattr(op, "inplace", False) is not True:
         return []
-    return [getattr(op, f) for f in ("x", "residual") if getattr(op, f, None)]
+    return [getattr(op, f) for f in op.INPLACE_FIELDS if getattr(op, f, None)]

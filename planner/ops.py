@@ -7,7 +7,7 @@ InferCtx (see loader.py), which turns failures into located PlanErrors.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -170,6 +170,7 @@ class AllReduceAddRmsNorm(OpBase):
     backend: Literal["auto", "torch", "flashinfer"] = Field(
         "auto", description="torch: the collective then the torch norm; flashinfer: the fused kernel where it fits.")
     fused_from: list[str] = Field(default_factory=list, description="Set by fuse-allreduce-norm.")
+    INPLACE_FIELDS: ClassVar[tuple[str, ...]] = ("residual",)  # x is reduced into a new buffer
 
     def inputs(self):
         return [self.x, self.residual, self.w]

@@ -4,7 +4,7 @@ cost model prices them as bytes / bandwidth (planner/cost.py)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -60,6 +60,7 @@ class AddRmsNorm(OpBase):
     eps: float = Field(1e-6, gt=0, description="Added to the mean square (> 0).")
     inplace: bool = Field(False, description="Write the results over x and residual.")
     backend: PointwiseBackend = "auto"
+    INPLACE_FIELDS: ClassVar[tuple[str, ...]] = ("x", "residual")
 
     def inputs(self):
         return [self.x, self.residual, self.w]

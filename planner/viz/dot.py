@@ -16,6 +16,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ..errors import PlanError, did_you_mean
+from ..opbase import written_in_place
 from ..shapes import fmt_shape
 from .collapse import Repeat, find_repeats, node_order
 from .palette import CARRY_COLOR, DATA_COLOR, EVENT_COLOR, kind_color, stream_color
@@ -160,9 +161,9 @@ class _Builder:
             for line in _wrap("absorbed: " + ", ".join(fused), 44):
                 rows.append(f'<FONT POINT-SIZE="9"><I>{_esc(line)}</I></FONT>')
         inplace = getattr(op, "inplace", None)
-        if inplace is True:  # add_rmsnorm: its results overwrite its inputs
+        if inplace is True:  # the norms: their results overwrite these inputs
             inplace = None
-            rows.append(f'<FONT POINT-SIZE="9"><I>{_esc("overwrites " + op.x + ", " + op.residual)}</I></FONT>')
+            rows.append(f'<FONT POINT-SIZE="9"><I>{_esc("overwrites " + ", ".join(written_in_place(op)))}</I></FONT>')
         if inplace:
             for line in _wrap("written in place: " + ", ".join(inplace), 44):
                 rows.append(f'<FONT POINT-SIZE="9"><I>{_esc(line)}</I></FONT>')
