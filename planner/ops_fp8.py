@@ -92,16 +92,38 @@ def check_scales(ctx, op, a, b) -> tuple[str, str]:
             ctx.fail(f"{f} '{sname}' is {fmt_shape(s.shape)}, which does not fit the blocks of '{operand.name}'"
                      f" {fmt_shape(operand.shape)}: expected {expected_scales(ctx, role, operand)}", f)
     ka, kb = pair_kinds(a.shape, b.shape, specs["a"].shape, specs["b"].shape, ctx.probes.equal)
-    g = specs["a"].meta.get("scale_group")  # set by quantize on the scales it makes
-    # a group of K or more is one scale per row (a cut of per-token scales still is): read right
-    if ka == "block" and g is not None and g != BLOCK and not ctx.probes.holds(lambda b: g >= ctx.at(a.shape[1], b)):
-        ctx.fail(f"scale_a '{op.scale_a}' holds groups of {g} along K, but a scale_a of shape"
-                 f" {fmt_shape(specs['a'].shape)} is read as 1x{BLOCK} blocks: quantize with block=[1, {BLOCK}]"
-                 f" (or [1, K] for per-token scales)", "scale_a")
+    for role, operand, kind in (("a", a, ka), ("b", b, kb)):
+        _check_group(ctx, op, role, operand, specs[role], kind)
     if (ka == "block") != (kb == "block"):
         ctx.fail(f"scale_a is {ka} but scale_b is {kb}: block scales pair with block scales"
                  " (1x128 activations with 128x128 weights)", "scale_b")
     return ka, kb
+
+
+def _check_group(ctx, op, role: str, operand, s, kind: str) -> None:
+    """Scales that quantize made (scale_group: the K elements one scale covers, per row) must be
+    read as they were made: as 1x128 blocks only in groups of 128, or as one scale for the row's
+    whole K (a per-row/column or per-tensor scale, or a single block column) only where the group
+    spans K (a cut of per-token scales still does)."""
+    g = s.meta.get("scale_group")
+    if g is None:
+        return
+    f, name = f"scale_{role}", getattr(op, f"scale_{role}")
+    k = operand.shape[1]
+    spans_k = ctx.probes.holds(lambda b: g >= ctx.at(k, b))
+    if kind == "block":
+        if g == BLOCK or (spans_k and ctx.probes.equal(s.shape[-1], 1)):
+            return
+        read = f"1x{BLOCK} blocks" if role == "a" else f"{BLOCK}x{BLOCK} blocks"
+        fix = f"quantize with block=[1, {BLOCK}] (or [1, K] for per-token scales)"
+    else:
+        if spans_k:
+            return
+        read = {"row": "one scale per row", "col": "one scale per output channel"}.get(kind, "one scale")
+        read += f" over all of K = {fmt_dim(k)}"
+        fix = f"pass all {fmt_dim(k)} // {g} scales of each row (1x{BLOCK} blocks need groups of {BLOCK})"
+    ctx.fail(f"{f} '{name}' holds groups of {g} along K (made by quantize), but a {f} of shape"
+             f" {fmt_shape(s.shape)} on '{operand.name}' {fmt_shape(operand.shape)} is read as {read}: {fix}", f)
 
 
 class Quantize(OpBase):

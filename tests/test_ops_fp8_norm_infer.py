@@ -351,3 +351,58 @@ ops:
   - y: gemm(xq[:, :128], w, scale_a=xs[:, :1], scale_b=sw)
 """, _scaled_head(256).replace("w: fp8_e4m3[64, 256]", "w: fp8_e4m3[64, 128]").replace("sw: fp32[1, 2]",
                                                                                        "sw: fp32[1, 1]"))
+
+
+def _group_error(tmp_path, body, head):
+    d = error(tmp_path, body, head).diagnostics[0]
+    assert d.code == "shape", d
+    return d
+
+
+def test_groups_that_span_k_only_as_one_scale_column(tmp_path):
+    """Groups of 256 over K = 512 cut to K = 256 leave two scales a row, read as 1x128 blocks:
+    the second block took the scale of the other half of x (errors of 75x)."""
+    head = _scaled_head(512).replace("w: fp8_e4m3[64, 512]", "w: fp8_e4m3[64, 256]")
+    d = _group_error(tmp_path, """
+outputs: [y]
+ops:
+  - xq, xs: quantize(x, fp8_e4m3, block=[1, 256])
+  - y: gemm(xq[:, :256], w, scale_a=xs, scale_b=sw)
+""", head)
+    assert "scale_a 'xs' holds groups of 256 along K" in d.message and "1x128 blocks" in d.message, d
+    assert (d.loc.line, d.loc.col) == (17, 37), d  # at scale_a=xs
+
+
+def test_scale_b_made_by_quantize_is_checked_for_its_group(tmp_path):
+    """A [1, 192] weight quantized in groups of 96 gives [1, 2]: the shape of 128x128 blocks there."""
+    head = """
+plan: t
+dims:
+  num_tokens: 1..16
+inputs:
+  xq: fp8_e4m3[num_tokens, 192]
+  xs: fp32[num_tokens, 2]
+weights:
+  wb: bf16[1, 192]
+"""
+    body = """
+outputs: [y]
+ops:
+  - wq, ws: quantize(wb, fp8_e4m3, block=[1, 96])
+  - y: gemm(xq, wq, scale_a=xs, scale_b=ws)
+"""
+    d = _group_error(tmp_path, body, head)
+    assert "scale_b 'ws' holds groups of 96 along K" in d.message and "128x128 blocks" in d.message, d
+    # groups of 128 are the blocks of its one row (K = 256 there)
+    load(tmp_path, body.replace("96", "128"), head.replace("192", "256"))
+
+
+def test_a_cut_of_group_scales_is_not_one_scale_per_row(tmp_path):
+    """The first of four 1x128 scales a row, passed as a per-row scale over K = 512."""
+    d = _group_error(tmp_path, """
+outputs: [y]
+ops:
+  - xq, xs: quantize(x, fp8_e4m3)
+  - y: gemm(xq, w, scale_a=xs[:, :1], scale_b=sc)
+""", _scaled_head(512).replace("sw: fp32[1, 2]", "sc: fp32[64, 1]"))
+    assert "holds groups of 128 along K" in d.message and "one scale per row over all of K = 512" in d.message, d
