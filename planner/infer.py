@@ -138,9 +138,15 @@ def _find_cycle(left, producer):
         cur = nxt
 
 
+_NOT_TENSOR_FIELDS = {"id", "out", "stream", "doc", "op", "fn", "group", "backend", "region", "variants", "dtype",
+                      "dtypes", "out_dtype"}
+
+
 def _field_loc(op, name, locs, field_locs) -> Loc | None:
     fl = field_locs.get(op.id, {})
-    for f in ("x", "a", "b", "xs", "args", "choices"):
+    for f in type(op).model_fields:  # the field that names it (scale_a=..., positions=...)
+        if f in _NOT_TENSOR_FIELDS:
+            continue
         v = getattr(op, f, None)
         if v == name or (isinstance(v, list) and name in v):
             return fl.get(f, locs.get(op.id))

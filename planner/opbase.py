@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .expr import Bin, Num
-from .shapes import SCALE_BLOCK, TensorSpec, fmt_dim, fmt_shape
+from .shapes import DTYPE_ALIASES, SCALE_BLOCK, TensorSpec, fmt_dim, fmt_shape
 
 __all__ = ["OpBase", "DimExpr", "Backend", "lift", "norm_dim", "out_spec", "same_shape", "written_in_place"]
 
@@ -33,6 +33,17 @@ class OpBase(BaseModel):
     out: list[str] = Field(default_factory=list, description="Output tensor names ('_' discards).")
     stream: str | None = Field(None, description="Pin the op to a stream; otherwise the planner decides.")
     doc: str | None = Field(None, description="Free text shown in reports and pictures.")
+
+    # dtypes are stored by their canonical names (float16 -> fp16, e5m2 -> fp8_e5m2), as the
+    # tensors' are: lowering, reports and hashes read the op's fields, not the inferred spec
+    @field_validator("dtype", "out_dtype", "dtypes", mode="before", check_fields=False)
+    @classmethod
+    def _canonical_dtype(cls, v):
+        if isinstance(v, str):
+            return DTYPE_ALIASES.get(v, v)
+        if isinstance(v, list):
+            return [DTYPE_ALIASES.get(x, x) if isinstance(x, str) else x for x in v]
+        return v
 
     # fields naming the operands `inplace: true` writes over (the norms'); none elsewhere
     INPLACE_FIELDS: ClassVar[tuple[str, ...]] = ()

@@ -215,7 +215,13 @@ class Gemm(OpBase):
         if not ctx.probes.equal(a.shape[1], b.shape[1]):
             ctx.fail(f"K mismatch: '{self.a}' has K={fmt_dim(a.shape[1])} but '{self.b}' has K={fmt_dim(b.shape[1])}"
                      " (b is [N, K])", "b")
-        if self.scaled or a.dtype in FP8_DTYPES or b.dtype in FP8_DTYPES:
+        fp8 = [t.dtype in FP8_DTYPES for t in (a, b)]
+        if not self.scaled and fp8[0] != fp8[1]:
+            q, other = (a, b) if fp8[0] else (b, a)
+            ctx.fail(f"dtype mismatch: '{q.name}' is {q.dtype} but '{other.name}' is {other.dtype}: an fp8 gemm takes"
+                     f" two fp8 operands with scale_a and scale_b (quantize '{other.name}', or dequantize"
+                     f" '{q.name}')", "b" if fp8[0] else "a")
+        if self.scaled or any(fp8):
             check_scales(ctx, self, a, b)
             dt = ctx.dtype(self.out_dtype, "out_dtype") if self.out_dtype else "bf16"
             if dt not in ("bf16", "fp16", "fp32"):
@@ -224,6 +230,10 @@ class Gemm(OpBase):
         if a.dtype != b.dtype:
             ctx.fail(f"dtype mismatch: '{self.a}' is {a.dtype} but '{self.b}' is {b.dtype}", "b")
         dt = ctx.dtype(self.out_dtype, "out_dtype") if self.out_dtype else a.dtype
+        if self.out_dtype and a.dtype in FLOAT_DTYPES and dt not in FLOAT_DTYPES:
+            # an unscaled cast: fp8 saturates (512 -> 448), integers truncate
+            hint = " (quantize its result for fp8)" if dt in FP8_DTYPES else ""
+            ctx.fail(f"a {a.dtype} gemm gives bf16, fp16 or fp32, not {dt}{hint}", "out_dtype")
         return [_out(self, ctx, (a.shape[0], b.shape[0]), dt)]
 
 

@@ -81,6 +81,32 @@ def test_planner_run_check_cli(plan_path, capsys):
     assert "result: OK (14 outputs x 1 rank(s))" in capsys.readouterr().out
 
 
+def test_dtype_aliases_in_op_arguments_run(tmp_path):
+    """float16, e5m2, float8_e4m3fn, float in op arguments name the same dtypes as in tensor
+    declarations (they reached the executor as written: KeyError 'e5m2')."""
+    p = write(tmp_path, """
+plan: aliases
+dims:
+  num_tokens: 1..8
+inputs:
+  x: bf16[num_tokens, 128]
+weights:
+  w: bf16[64, 128]
+outputs: [a, q, s, b, c, d]
+ops:
+  - a: gemm(x, w, out_dtype=float16)
+  - q, s: quantize(x, e5m2)
+  - b: copy(x, dtype=float8_e4m3fn)
+  - c, d: extern(f, x, shapes=[[num_tokens, 4], [2]], dtypes=[float, int])
+""", "aliases.yaml")
+    plan = load_plan(p)
+    by = {o.id: o for o in plan.ops}
+    assert (by["a"].out_dtype, by["q"].dtype, by["b"].dtype, by["c"].dtypes) == \
+        ("fp16", "fp8_e5m2", "fp8_e4m3", ["fp32", "int32"])
+    rep = run_check(lambda: load_plan(p), num_tokens=5)
+    assert rep["ok"], rep["outputs"]
+
+
 def _block_quantize_weight(w):
     """128x128 block scales of a bf16 weight [N, K] (the DeepSeek-V3 checkpoint layout)."""
     n, k = w.shape
