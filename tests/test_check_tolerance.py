@@ -72,3 +72,36 @@ def test_run_check_reports_the_precision_and_passes():
     by = {o["name"]: o for o in rep["outputs"]}
     assert by["up"]["dtype"] == "float32" and by["up"]["computed_in"] == ["bf16"] and not by["up"]["exact"]
     assert by["moved"]["exact"] and by["moved"]["max_abs_err"] == 0.0
+
+
+def test_a_narrowing_cast_rounds_and_a_variant_sending_fp8_passes_its_tolerance():
+    """copy(x, dtype=fp8_e4m3) is one fp8 step: a variant that gathers fp8 and casts back is
+    compared with fp8's tolerance against the bf16 one (it was compared bit-exactly)."""
+    text = """
+plan: wire
+dims:
+  num_tokens: 1..16
+groups:
+  tp: 1
+inputs:
+  x: bf16[num_tokens, 64]
+outputs: [y, narrow, back]
+ops:
+  - narrow: copy(x, dtype=fp16)
+  - back: copy(copy(x, dtype=fp8_e5m2), dtype=fp32)
+  - region: r
+    outputs: [y]
+    variants:
+      - name: fp8_wire
+        when: num_tokens <= 8
+        ops:
+          - y: copy(all_gather(copy(x, dtype=fp8_e4m3), tp), dtype=bf16)
+      - name: bf16_wire
+        ops:
+          - y: all_gather(x, tp)
+"""
+    p = computed_in(reference_compiled(load_text(text)))
+    assert p["narrow"] == ["fp16"] and p["back"] == ["fp8_e5m2"] and "fp8_e4m3" in p["y"], p
+    rep = run_check(lambda: load_text(text), num_tokens=12, seed=1)
+    assert rep["ok"], [(o["name"], o.get("why")) for o in rep["outputs"]]
+    assert len(rep["checked"]) >= 3 and all(c["ok"] for c in rep["checked"]), rep["checked"]

@@ -107,6 +107,35 @@ ops:
     assert rep["ok"], rep["outputs"]
 
 
+def test_rope_positions_made_in_the_plan_stay_inside_the_cache_and_span_it(tmp_path):
+    """Positions cast to int32 (or cut, or gathered) before rope: the check's random positions
+    follow them back to the input (a copy made them fall outside a 4-row cache: IndexError), and
+    span the whole cache, not only rows 0..7."""
+    text = """
+plan: rope_pos
+dims:
+  num_tokens: 1..64
+groups:
+  tp: 1
+inputs:
+  q: bf16[num_tokens, 2, 16]
+  k: bf16[num_tokens, 1, 16]
+  pos64: int64[num_tokens]
+weights:
+  cs: fp32[ROWS, 16]
+outputs: [qr, kr]
+ops:
+  - pos: all_gather(copy(pos64, dtype=int32)[:num_tokens], tp)
+  - qr, kr: rope(q, k, pos, cs)
+"""
+    small = write(tmp_path, text.replace("ROWS", "4"), "small.yaml")
+    rep = run_check(lambda: load_plan(small), num_tokens=8, seed=1)
+    assert rep["ok"], rep["outputs"]
+    big = load_plan(write(tmp_path, text.replace("ROWS", "512"), "big.yaml"))
+    ins, _ = make_data(big, {"num_tokens": 64}, 0, 0, "cpu")
+    assert 8 < int(ins["pos64"].max()) < 512
+
+
 def _block_quantize_weight(w):
     """128x128 block scales of a bf16 weight [N, K] (the DeepSeek-V3 checkpoint layout)."""
     n, k = w.shape

@@ -73,22 +73,39 @@ def pick_dims(plan, num_tokens: int | None, seed: int, dims: dict | None = None)
     return out
 
 
+# ops whose int results are values of their inputs, moved or cast (positions through them keep their range)
+_MOVES = {"copy", "slice", "view", "split", "cat", "pad", "shard", "all_gather", "all_to_all", "select"}
+
+
 def _int_bounds(plan, bindings: dict) -> dict[str, int]:
     """int input -> an exclusive bound for its random values where an op needs one: rope positions
-    index rows of their cos/sin cache (through any views of the input)."""
+    index rows of their cos/sin cache (through any copies, casts, views, cuts and gathers of the
+    input), so the positions drawn span the whole cache."""
     from planner.expr import eval_int
+    by_id = {op.id: op for op in plan.ops}
 
-    def root(n):
-        seen = 0
-        while n in plan.tensors and plan.tensors[n].alias_of and seen < 64:
-            n, seen = plan.tensors[n].alias_of, seen + 1
-        return n
+    def roots(n):
+        todo, seen, found = [n], {n}, []
+        while todo:
+            m = todo.pop()
+            t = plan.tensors.get(m)
+            op = by_id.get(t.producer) if t is not None else None
+            if op is None:
+                found.append(m)
+                continue
+            if op.op not in _MOVES:
+                continue
+            for x in op.inputs():
+                if x not in seen:
+                    seen.add(x)
+                    todo.append(x)
+        return found
     out: dict[str, int] = {}
     for op in plan.ops:
         if op.op == "rope" and op.cos_sin_cache in plan.tensors:
             rows = eval_int(plan.tensors[op.cos_sin_cache].shape[0], bindings)
-            n = root(op.positions)
-            out[n] = max(1, min(out.get(n, 8), rows))
+            for n in roots(op.positions):
+                out[n] = max(1, min(out.get(n, rows), rows))
     return out
 
 
@@ -128,19 +145,33 @@ def reference_compiled(plan):
     return cp
 
 
+# casts that keep every value (wider formats)
+_EXACT_CASTS = {(a, "fp32") for a in ("bf16", "fp16", "fp8_e4m3", "fp8_e5m2")} | \
+    {(a, b) for a in ("fp8_e4m3", "fp8_e5m2") for b in ("bf16", "fp16")}
+
+
 def computed_in(ref_cp) -> dict[str, list[str]]:
     """output -> the dtypes its arithmetic ancestors rounded to ([] when only data movement made it).
 
     An output made by bf16 arithmetic and then cast to fp32 was computed in bf16: fusion or
     another reduction order may move it by a bf16 rounding, whatever dtype it is returned in.
+    A cast (copy to another dtype) rounds to its dtype: a variant that sends fp8 over the wire
+    differs from one that sends bf16 by an fp8 step.
     """
     g = ref_cp.graph
+    tensors = ref_cp.tensors
+
+    def rounds(op) -> bool:  # arithmetic, or a copy that casts to a narrower format (to fp8: one fp8 step)
+        if op.op in ARITH_KINDS:
+            return True
+        if op.op != "copy" or op.dtype is None or op.dtype == tensors[op.x].dtype:
+            return False
+        return (tensors[op.x].dtype, op.dtype) not in _EXACT_CASTS
     out = {}
     for o in ref_cp.plan.outputs:
-        p = ref_cp.tensors[o].producer
+        p = tensors[o].producer
         anc = nx.ancestors(g, p) | {p} if p is not None else set()
-        out[o] = sorted({ref_cp.tensors[n].dtype for v in anc if g.nodes[v]["op"].op in ARITH_KINDS
-                         for n in g.nodes[v]["op"].out})
+        out[o] = sorted({tensors[n].dtype for v in anc if rounds(g.nodes[v]["op"]) for n in g.nodes[v]["op"].out})
     return out
 
 
