@@ -17,7 +17,7 @@ from .ops import COLLECTIVES, VIEW_OPS
 from .shapes import DTYPES, FP8_DTYPES
 
 __all__ = ["DeviceProfile", "CostModel", "op_signature", "gemm_signatures", "split_signature", "signature_key",
-           "TUNABLE_KINDS", "default_strided_write_factor"]
+           "TUNABLE_KINDS", "default_strided_write_factor", "gather_takes_p2p"]
 
 # memory-bound ops: (tensor-sized passes over the output relative to reading the inputs once);
 # the time is kernel_us + bytes read and written / HBM bandwidth
@@ -98,6 +98,15 @@ def default_strided_write_factor() -> float:
     except (ImportError, ValueError):
         has_cutlass = False
     return 1.05 if has_cutlass else 1.83
+
+
+def gather_takes_p2p(op, x) -> bool:
+    """Whether all_gather `op` of input spec `x` can run on the p2p gather (executors/backends/p2p.py):
+    not with backend=torch, and only along dim 0 with a static row size, the rows it pushes whole
+    (what p2p_supports checks of the op; whether the path exists at all, CUDA on one host, is the
+    profile's p2p_gbps, 0 for none). The others run on NCCL."""
+    return (op.op == "all_gather" and op.backend != "torch" and x.rank > 0 and op.dim % x.rank == 0
+            and all(isinstance(d, int) for d in x.shape[1:]))
 
 
 def op_signature(op, specs_in, bindings, specs_out=None) -> str:
@@ -251,7 +260,8 @@ class CostModel:
             else:
                 received = 2 * nbytes(ins[0]) * (w - 1) / w
             t = p.coll_latency_us + received / (p.coll_gbps * 1e3)
-            if k == "all_gather" and p.p2p_gbps > 0 and nbytes(ins[0]) >= p.p2p_min_bytes:
+            if (k == "all_gather" and p.p2p_gbps > 0 and gather_takes_p2p(op, ins[0])
+                    and nbytes(ins[0]) >= p.p2p_min_bytes):
                 t = min(t, p.p2p_latency_us + received / (p.p2p_gbps * 1e3))
             return t
         if k == "cat":

@@ -46,7 +46,7 @@ def kinds(cp):
 
 
 def refusals(cp):
-    return {e["op"]: e["reason"] for e in cp.report[NAME]["not_fused"]}
+    return {e["ops"][0]: e["reason"] for e in cp.report[NAME]["not_fused"]}
 
 
 def test_fuses_the_pattern_into_one_op(tmp_path):

@@ -7,12 +7,16 @@ context, with no view of r and r not a plan output, is replaced by
 `normed, residual_out = all_reduce_add_rmsnorm(x, residual, w, g)` under the norm's id and
 output names. Readers are unchanged; r disappears. Refused (and reported with the reason):
 other readers, max/min/avg reductions, fp32 (the fused kernels take 16-bit floats), a norm
-whose operands are both all-reduced over different groups (the fused op reduces one
-operand over one group), a norm that names its backend, a norm pinned to another stream
-than the all_reduce's, and a residual or weight that depends on r. The fused op keeps the
-all_reduce's pin (or the norm's, when only the norm is pinned). The lowering picks FlashInfer's fused kernel or the collective plus a
-separate norm per call (executors/backends/allreduce_norm.py), so fusing never changes
-what is computed.
+whose other operand is reduced (all_reduce, reduce_scatter, a fused all-reduce + norm; seen
+through views) over another group (the fused op reduces one operand over one group; an operand
+that was only gathered is a plain input to it, as to the norm, and fuses), a norm that names its
+backend, a norm pinned to another stream than the all_reduce's, a pinned norm whose unpinned
+all_reduce shares its group with collectives on another stream than the norm's (the fused op is
+a collective, and every collective of one group runs on one stream), and a residual or weight
+that depends on r. The fused op keeps the all_reduce's pin (or the norm's, when only the norm
+is pinned). Refusals are {"ops": [all_reduce id], "reason"}, the shape of the other fusion reports. The
+lowering picks FlashInfer's fused kernel or the collective plus a separate norm per call
+(executors/backends/allreduce_norm.py), so fusing never changes what is computed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from .assign_streams import pin_target, pin_text, stream_pool
 
 NAME = "fuse-allreduce-norm"
 FUSED_DTYPES = ("bf16", "fp16")
+# collectives whose result is a reduction over their group (a gather only moves shards)
+REDUCING = {"all_reduce", "reduce_scatter", "all_reduce_add_rmsnorm"}
 
 __all__ = ["run", "NAME", "describe"]
 
@@ -35,13 +41,29 @@ def _readers(g, v: str, tensor: str) -> list[str]:
     return sorted(u for u in g.successors(v) if tensor in g.edges[v, u]["tensors"])
 
 
-def _collective_group(cp: Compiled, name: str) -> str | None:
-    """The group of the collective that makes `name` (None when no collective makes it)."""
-    p = cp.tensors[name].producer
-    if p is None or p not in cp.graph:
-        return None
-    op = cp.graph.nodes[p]["op"]
-    return op.group if op.op in COLLECTIVES else None
+def _reduced_over(cp: Compiled, name: str) -> str | None:
+    """The group `name` is a reduction over, looking through views (None when no reducing
+    collective makes it)."""
+    while True:
+        p = cp.tensors[name].producer
+        if p is None or p not in cp.graph:
+            return None
+        op = cp.graph.nodes[p]["op"]
+        if op.op not in VIEW_OPS:
+            return op.group if op.op in REDUCING else None
+        name = op.inputs()[0]
+
+
+def _group_elsewhere(cp: Compiled, v: str, group: str, target: str, streams: list[str]) -> list[str]:
+    """'<op> on <stream>' for each collective over `group`, other than `v`, whose stream is not `target`."""
+    away = []
+    for u in sorted(cp.graph.nodes):
+        op = cp.graph.nodes[u]["op"]
+        if u != v and op.op in COLLECTIVES and op.group == group:
+            s = pin_target(cp.plan, op, streams)
+            if s != target:
+                away.append(f"{u} on {s}")
+    return away
 
 
 def _refusal(cp: Compiled, v: str, claimed: set, streams: list[str]) -> tuple[str | None, str | None, str | None]:
@@ -74,12 +96,21 @@ def _refusal(cp: Compiled, v: str, claimed: set, streams: list[str]) -> tuple[st
         return None, None, f"add_rmsnorm '{n}' runs in a different variant context"
     if norm.backend != "auto":
         return None, None, f"add_rmsnorm '{n}' names backend {norm.backend}: left as written"
-    if norm.stream and pin_target(cp.plan, norm, streams) != pin_target(cp.plan, op, streams):
-        # the fused op takes the all_reduce's stream: fusing would move the norm off its pin
-        return None, None, (f"add_rmsnorm '{n}' is pinned to {norm.stream}, the all_reduce is"
-                            f" {pin_text(op.stream)}: the fused op runs on one stream")
+    target = pin_target(cp.plan, norm, streams)
+    if norm.stream and target != pin_target(cp.plan, op, streams):
+        if op.stream:  # the fused op runs on one stream: either pin would be broken
+            return None, None, (f"add_rmsnorm '{n}' is pinned to {norm.stream}, the all_reduce is"
+                                f" {pin_text(op.stream)}: the fused op runs on one stream")
+        # only the norm is pinned: the fused op takes its pin, and the reduction moves there with it
+        away = _group_elsewhere(cp, v, op.group, target, streams)
+        if away:
+            more = f" and {len(away) - 3} more" if len(away) > 3 else ""
+            return None, None, (f"add_rmsnorm '{n}' is pinned to {norm.stream}, the all_reduce is unpinned, and"
+                                f" group {op.group} has {', '.join(away[:3])}{more}: the fused op is a collective"
+                                " and every collective of one group runs on one stream (pin the group's"
+                                f" collectives to {norm.stream} too, or unpin the norm)")
     other = norm.residual if norm.x == r else norm.x
-    og = _collective_group(cp, other)
+    og = _reduced_over(cp, other)
     if og is not None and og != op.group:
         return None, None, (f"add_rmsnorm '{n}' adds '{other}', reduced over group {og}, to a sum over {op.group}:"
                             " the fused op reduces one operand over one group")
@@ -114,11 +145,11 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             continue
         n, other, why = _refusal(cp, v, claimed, streams)
         if why:
-            report["not_fused"].append({"op": v, "reason": why})
+            report["not_fused"].append({"ops": [v], "reason": why})
             continue
         claimed.add(n)
         report["fused"].append(_rewrite(cp, v, n, other, ictx))
-    report["not_fused"].sort(key=lambda e: (index.get(e["op"], 1 << 60), e["op"]))
+    report["not_fused"].sort(key=lambda e: (index.get(e["ops"][0], 1 << 60), e["ops"][0]))
     if claimed:
         rebuild_edges(cp)
     return cp, bool(claimed)
@@ -168,7 +199,7 @@ def describe(report, st) -> list[str]:
     if len(report["fused"]) > 10:
         L.append(f"  ... {len(report['fused']) - 10} more (see --emit json)")
     for nf in report["not_fused"][:10]:
-        L.append(st.yellow(f"  not fused: {nf['op']}: {nf['reason']}"))
+        L.append(st.yellow(f"  not fused: {' + '.join(nf['ops'])}: {nf['reason']}"))
     if len(report["not_fused"]) > 10:
         L.append(f"  ... {len(report['not_fused']) - 10} more not fused (see --emit json)")
     return L
