@@ -17,6 +17,10 @@ is harmless for row-independent plans. An input dim derived from it
 holds, so such inputs must already come at the bucket's shape (pass dims= with the
 padded token count, as vLLM pads num_tokens before sp_shard); otherwise an error.
 
+An op whose result depends on the padded rows (planner.hazards.padding_sensitive: a gather or
+cat along the bucketed dim, a gemm that sums over it, a shard that cuts it) makes a padded
+replay wrong: a call that would pad is refused, naming the op.
+
 Returned tensors are views of the graph's static outputs: the next replay of the
 same bucket overwrites them (clone_outputs=True copies). Outputs that come from a `p2p`
 all_gather (executors/p2p.py) live in that op's one symmetric buffer, so the next replay
@@ -28,11 +32,20 @@ from __future__ import annotations
 import torch
 
 from planner.expr import eval_int, free_names
+from planner.graph import compatible
+from planner.hazards import padding_sensitive
 
 from .dtypes import torch_dtype
 from .executor import refuse_positional
 
 __all__ = ["GraphedExecutor"]
+
+
+def _padding_hazards(cp, variants: dict, dim: str) -> dict[str, str]:
+    """padding_sensitive's ops among those the captured variants run."""
+    chosen = tuple(sorted(variants.items()))
+    g = cp.graph
+    return {n: why for n, why in padding_sensitive(cp, dim).items() if compatible(chosen, g.nodes[n]["ctx"])}
 
 
 class GraphedExecutor:
@@ -47,6 +60,7 @@ class GraphedExecutor:
         self.buckets = sorted(buckets or plan.dims[dim].buckets)
         self.pool = None  # the graph memory pool, taken at the first capture (see capture)
         self.graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs, variants)
+        self._padding: dict[tuple, dict] = {}  # key -> {op: why} of its ops that read padded rows
         self.last_variants: dict[str, str] = {}
         self.last_bucket: int | None = None
         # plan weights the executor keeps a derived copy of (a fused gemm chain's prepacked
@@ -106,6 +120,7 @@ class GraphedExecutor:
             static_out = ex(dims=dict(bindings), **static_in)
         entry = (graph, static_in, static_out, dict(ex.last_variants))
         self.graphs[key] = entry
+        self._padding[key] = _padding_hazards(ex.compiled, entry[3], self.dim)
         return entry
 
     def capture_all(self, other_dims: dict | None = None):
@@ -122,6 +137,13 @@ class GraphedExecutor:
         bk = self.bucket_for(n)
         padded = {**b, self.dim: bk}
         graph, static_in, static_out, variants = self.capture(padded)
+        hazards = self._padding.get(tuple(sorted(padded.items())))
+        if n != bk and hazards:
+            op, why = next(iter(hazards.items()))
+            raise ValueError(f"plan '{ex.plan.name}': {self.dim} = {n} would replay the graph of bucket {bk} on rows"
+                             f" padded past the real ones, but {why} (op '{op}'), so its result depends on the"
+                             f" padded rows; pad the inputs to the bucket yourself and pass dims={{'{self.dim}': {bk}}},"
+                             f" or capture a bucket for every size (buckets=[...])")
         for name, t in inputs.items():
             dst = static_in[name]
             if dst.shape == t.shape:

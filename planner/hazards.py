@@ -17,8 +17,9 @@ This adds what that does not cover, each failure a located HazardError:
   same order in each of its variants (ranks may pick different variants);
 - capture legality of capture-gated variants (gate requires `capturing`): a graph captured at
   a bucket is replayed for every size up to it on padded rows, so such a variant must not
-  make results depend on padded rows: no gemm that sums over the bucketed dim, no shard or
-  reduce-scatter that cuts the bucketed dim into per-rank chunks (data-dependent shapes).
+  make results depend on padded rows (padding_sensitive: no gemm that sums over the bucketed
+  dim, no shard or reduce-scatter that cuts it into per-rank chunks, no gather, all_to_all or
+  cat that puts rows after padded ones along it).
   Host syncs inside externs are not visible to the planner (externs are opaque).
 """
 
@@ -32,7 +33,7 @@ from .ordering import Order, happens_before, is_view
 from .predicates import RANK_VARYING
 from .shapes import fmt_dim
 
-__all__ = ["check_hazards", "HazardError"]
+__all__ = ["check_hazards", "HazardError", "padding_sensitive"]
 
 
 class HazardError(PlanError):
@@ -283,16 +284,94 @@ def _requires_capturing(when) -> bool:
     return False
 
 
+# ops whose results reach model code or change layout: a padded layout stops being tracked there
+_LAYOUT_ENDS = {"extern", "view"}
+
+
+def padding_sensitive(cp: Compiled, dim: str | None = None) -> dict[str, str]:
+    """op -> why a plan result depends on rows padded past the real ones along `dim` (the
+    bucketed dim: the plan's first), where a graph captured at a bucket replays smaller sizes and
+    its results are sliced back to the real size. A gemm that sums over `dim` mixes padded rows
+    into every value. A gather, all_to_all or cat along `dim` lays blocks of the bucket's size one
+    after another, and a shard or reduce-scatter keeps a bucket-sized chunk: the real rows are no
+    longer the leading ones. Those layouts are followed through the ops after them (row-wise work,
+    copies, collectives); a gather of a shard's chunks along the same dim restores the rows, a cut
+    along the dim (slice, split) takes whole blocks as the dims name them, and model code and views
+    are trusted. What reaches a plan output that is sliced back along `dim` is reported, at the op
+    that made the layout."""
+    dims = list(cp.plan.dims)
+    dim = dim or (dims[0] if dims else None)
+    if dim is None:
+        return {}
+    g, tensors = cp.graph, cp.tensors
+
+    def mentions(d) -> bool:
+        return not isinstance(d, int) and dim in free_names(_e(d))
+    out: dict[str, str] = {}
+    state: dict[str, dict[int, tuple]] = {}  # tensor -> {axis: (kind, op, why)}: a layout that is not prefix rows
+    for n in cp.schedule or list(g.nodes):
+        op = g.nodes[n]["op"]
+        if op.op == "gemm" and mentions(tensors[op.b].shape[1]):
+            out[n] = f"gemm {n} sums over {dim} (K = {fmt_dim(tensors[op.b].shape[1])})"
+            continue
+        ins = [state.get(x, {}) for x in op.inputs()]
+        if op.op in _LAYOUT_ENDS:
+            continue
+        merged: dict[int, tuple] = {}
+        for st in ins if op.op != "gemm" else ins[:1]:  # a gemm keeps a's rows (axis 0)
+            for ax, v in st.items():
+                if op.op != "gemm" or ax == 0:
+                    merged.setdefault(ax, v)
+        t0 = tensors[op.inputs()[0]] if op.inputs() else None
+        ax = getattr(op, "dim", 0 if op.op == "all_to_all" else None)  # all_to_all: along rows
+        if t0 is not None and t0.rank and isinstance(ax, int):
+            ax %= t0.rank
+        if op.op in ("slice", "split") and ax is not None:
+            merged.pop(ax, None)  # the dims name whole blocks
+        elif op.op in ("all_gather", "all_to_all", "shard", "reduce_scatter", "cat") and ax is not None \
+                and t0 is not None and t0.rank and mentions(t0.shape[ax]):
+            prev = merged.pop(ax, None)
+            if op.op == "all_gather" and prev is not None and prev[0] == "chunked":
+                pass  # the shard's chunks gathered back in order: the rows are the leading ones again
+            elif op.op == "cat" and not any(mentions(tensors[x].shape[ax]) for x in op.xs[:-1]):
+                pass  # only the last piece grows with the dim
+            else:
+                kind = "chunked" if op.op in ("shard", "reduce_scatter") else "blocked"
+                how = (f"cuts {dim} into per-rank chunks" if kind == "chunked" else
+                       f"lays blocks of {dim} rows (padded ones included) one after another")
+                merged[ax] = (kind, n, f"{op.op} {n} {how}")
+        if merged:
+            for o in op.out:
+                r = tensors[o].rank if o in tensors else 0
+                st = {a: v for a, v in merged.items() if a < r}
+                if st:
+                    state[o] = st
+    for o in cp.plan.outputs:
+        t = tensors.get(o)
+        for ax, (_, src, why) in state.get(o, {}).items():
+            if t is not None and ax < t.rank and mentions(t.shape[ax]):
+                out.setdefault(src, why + f", and output '{o}' is sliced back along it")
+    return out
+
+
+def _cuts(cp: Compiled, dim: str) -> dict[str, str]:
+    """shard / reduce-scatter ops that cut `dim` into per-rank chunks (refused in a variant that
+    runs only under capture, whatever follows them)."""
+    out = {}
+    for n in cp.graph.nodes:
+        op = cp.graph.nodes[n]["op"]
+        if op.op in ("shard", "reduce_scatter"):
+            t = cp.tensors[op.x]
+            d = t.shape[op.dim % t.rank]
+            if not isinstance(d, int) and dim in free_names(_e(d)):
+                out[n] = f"{op.op} {n} cuts {dim} into per-rank chunks"
+    return out
+
+
 def _capture_legal(cp: Compiled) -> None:
-    g = cp.graph
     dims = list(cp.plan.dims)
     if not dims:
         return
-    bucketed = dims[0]
-
-    def mentions(d) -> bool:
-        return not isinstance(d, int) and bucketed in free_names(_e(d))
-
     gated: dict[tuple, int] = {}  # (region, variant) of every capture-gated variant -> its rank
     for rid, vs in cp.variants.items():
         for var in vs:
@@ -300,25 +379,16 @@ def _capture_legal(cp: Compiled) -> None:
                 gated.setdefault((rid, var.name), len(gated))
     if not gated:
         return
-    # one walk over the ops; the failure reported is the first by variant, then by schedule
+    sensitive = {**_cuts(cp, dims[0]), **padding_sensitive(cp, dims[0])}
+    # the failure reported is the first by variant, then by schedule
     worst = None
-    for i, n in enumerate(cp.schedule or list(g.nodes)):
-        d = g.nodes[n]
-        hits = [c for c in d["ctx"] if c in gated]
-        if not hits:
+    for i, n in enumerate(cp.schedule or list(cp.graph.nodes)):
+        hits = [c for c in cp.graph.nodes[n]["ctx"] if c in gated]
+        if not hits or n not in sensitive:
             continue
-        op = d["op"]
-        why = None
-        if op.op == "gemm" and mentions(cp.tensors[op.b].shape[1]):
-            why = f"gemm {n} sums over {bucketed} (K = {fmt_dim(cp.tensors[op.b].shape[1])})"
-        elif op.op in ("shard", "reduce_scatter"):
-            t = cp.tensors[op.x]
-            if mentions(t.shape[op.dim % t.rank]):
-                why = f"{op.op} {n} cuts {bucketed} into per-rank chunks"
-        if why:
-            c = min(hits, key=gated.__getitem__)
-            if worst is None or (gated[c], i) < worst[0]:
-                worst = ((gated[c], i), n, c, why)
+        c = min(hits, key=gated.__getitem__)
+        if worst is None or (gated[c], i) < worst[0]:
+            worst = ((gated[c], i), n, c, sensitive[n])
     if worst is not None:
         _, n, (rid, vname), why = worst
         _fail(cp, n, f"capture: variant '{vname}' of region '{rid}' runs only under graph capture,"

@@ -89,3 +89,28 @@ def test_inside_a_callers_capture_selects_two_branch(kda):
     graph.replay()
     torch.cuda.synchronize()
     assert _close(out, ref(x=x))
+
+
+def test_graphed_executor_refuses_a_padded_call_whose_result_depends_on_padded_rows(tmp_path):
+    """cat along the token dim lays the bucket's rows twice: sliced back at 3 of bucket 4 it
+    would return x[0:3] then padded row 3 and x[0:1]. A call at the bucket's size is right."""
+    from executors import build_executor
+    from executors.cudagraph import GraphedExecutor
+    from planner.lang.loader import load_plan
+    from planner.pipeline import compile_plan
+    p = tmp_path / "cat.yaml"
+    p.write_text("plan: cat\ndims:\n  num_tokens: 1..8\ninputs:\n  x: bf16[num_tokens, 64]\noutputs: [y, z]\n"
+                 "ops:\n  - y: cat(x, x, dim=0)\n  - z: copy(x)\n")
+    g = GraphedExecutor(build_executor(compile_plan(load_plan(p)), {}, device="cuda"), buckets=[4, 8])
+    x = torch.randn(3, 64, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match=r"num_tokens = 3 would replay the graph of bucket 4 .* cat y"):
+        g(x=x)
+    x4 = torch.randn(4, 64, device="cuda").bfloat16()
+    out = g(x=x4)
+    assert torch.equal(out["y"], torch.cat([x4, x4])) and torch.equal(out["z"], x4)
+    # a plan of row-wise work replays padded sizes
+    q = tmp_path / "rows.yaml"
+    q.write_text("plan: rows\ndims:\n  num_tokens: 1..8\ninputs:\n  x: bf16[num_tokens, 64]\noutputs: [z]\n"
+                 "ops:\n  - z: copy(x)\n")
+    g2 = GraphedExecutor(build_executor(compile_plan(load_plan(q)), {}, device="cuda"), buckets=[4, 8])
+    assert torch.equal(g2(x=x)["z"], x)
