@@ -15,7 +15,8 @@ from .ops import VIEW_OPS
 from .predicates import Facts, compile_gate
 from .sharing import exit_span, shared_simulator
 
-__all__ = ["allowed_buckets", "possible_buckets", "why_never", "never_running", "running_variants", "region_groups", "group_label",
+__all__ = ["allowed_buckets", "possible_buckets", "why_never", "never_running", "between_buckets", "eager_only",
+           "size_ranges", "running_variants", "region_groups", "group_label",
            "variant_picks", "rep_bindings", "largest_bucket", "op_costs", "per_op", "simulate",
            "simulator", "variant_choice", "issue_order", "graph_shape"]
 
@@ -176,7 +177,7 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
     those variants run (a fallback inside 'decode' never sees the sizes 'decode' leaves out)."""
     within = tuple(cp.plan.regions[rid].within) if rid in cp.plan.regions else ()
     ctx = within + ((rid, vname),)
-    if possible_buckets(cp, ctx, tuned):
+    if possible_buckets(cp, ctx, tuned) or between_buckets(cp, ctx, tuned):
         return None
     variants = _variants(cp).get(rid, [])
     v = next((x for x in variants if x.name == vname), None)
@@ -203,6 +204,55 @@ def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
         return f"its gate holds in no call where {where}" if within else "its gate holds at no size the dims allow"
     names = ", ".join(f"'{x.name}'" for x in earlier if x.name in taken_by) or "the variants"
     return f"every size where its gate holds{' while ' + where if within else ''} is taken by {names} before it"
+
+
+_SCAN_LIMIT = 1 << 17  # gate evaluations a between-buckets scan may take
+
+
+def between_buckets(cp: Compiled, ctx: tuple, tuned: dict) -> list[int]:
+    """Sizes of the token dim, between its buckets, at which every variant of ctx can run (the
+    other walked dims at their buckets), when none of its buckets does: eager calls take such a
+    variant there, while a graph replay pads them to the bucket above and never does. Empty
+    when a bucket holds, or the scan would exceed _SCAN_LIMIT gate evaluations."""
+    lead = cp.plan.token_dim
+    if lead is None or lead not in cp.plan.dims:
+        return []
+    d = cp.plan.dims[lead]
+    values = [v for v in range(d.lo, d.hi + 1) if v not in set(d.buckets)]
+    grid = {tuple(sorted((k, x) for k, x in b.items() if k != lead)): b for b in _bucket_grid(cp, ctx)}
+    if not values or len(values) * len(grid) > _SCAN_LIMIT:
+        return []
+    gates: dict = {}
+    return sorted({v for b in grid.values() for v in values if _holds(cp, ctx, {**b, lead: v}, tuned, gates)})
+
+
+def eager_only(cp: Compiled, tuned: dict) -> dict[tuple[str, str], list[int]]:
+    """(region, variant) -> the sizes between buckets where it runs, for every live variant of the
+    first region of each group (region_groups) that runs at no bucket but runs there."""
+    out = {}
+    variants = _variants(cp)
+    for rids in region_groups(cp):
+        rid = rids[0]
+        within = tuple(cp.plan.regions[rid].within) if rid in cp.plan.regions else ()
+        for v in variants.get(rid, []):
+            ctx = within + ((rid, v.name),)
+            if not possible_buckets(cp, ctx, tuned):
+                sizes = between_buckets(cp, ctx, tuned)
+                if sizes:
+                    out[(rid, v.name)] = sizes
+    return out
+
+
+def size_ranges(values: list[int]) -> str:
+    """[5, 6, 7, 9] -> '5..7, 9'."""
+    parts, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}..{values[j]}")
+        i = j + 1
+    return ", ".join(parts)
 
 
 def never_running(cp: Compiled, tuned: dict) -> dict[tuple[str, str], str]:

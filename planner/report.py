@@ -17,12 +17,14 @@ import sys
 
 from .analysis import (
     allowed_buckets,
+    eager_only,
     group_label,
     never_running,
     per_op,
     possible_buckets,
     region_groups,
     simulator,
+    size_ranges,
     variant_picks,
     why_never,
 )
@@ -133,12 +135,16 @@ def to_json(cp: Compiled, cfg) -> dict:
             "attrs": attrs,
         })
     variants = []
+    tuned = {**plan.tuned, **cfg.tuned}
+    never, eager = (never_running(cp, tuned), eager_only(cp, tuned)) if cp.variants else ({}, {})
     for rid, reg in plan.regions.items():  # a region removed with the variant it sits in: none live
         vs = cp.variants.get(rid, [])
         for v in reg.variants:
             variants.append({
                 "region": rid, "name": v.name, "when": v.when_text, "fallback": v.when is None,
                 "live": v in vs, "static": v.static,
+                # judged for the first region of each group of alike regions (region_groups)
+                "never_runs": never.get((rid, v.name)), "eager_only_sizes": eager.get((rid, v.name)),
                 "ops": sum(1 for n in g.nodes if (rid, v.name) in g.nodes[n]["ctx"]),
             })
     return {
@@ -339,6 +345,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
         L.append("")
         L.append(st.bold("Variants") + st.dim("  (tried in order at run time; the last is the fallback)"))
         never = never_running(cp, {**cp.plan.tuned, **cfg.tuned})
+        eager = eager_only(cp, {**cp.plan.tuned, **cfg.tuned})
         for rids in region_groups(cp):
             rid = rids[0]
             L.append(f"  region {group_label(rids)}:")
@@ -349,6 +356,10 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                 mark = "" if live else st.yellow("  [removed at compile time]")
                 if dead:
                     mark = st.yellow(f"  [never runs: {dead}]")
+                elif live and (rid, v.name) in eager:
+                    sizes = size_ranges(eager[(rid, v.name)])
+                    mark = st.yellow(f"  [eager calls only: {cp.plan.token_dim} = {sizes}, between the"
+                                     " buckets; a graph replay pads those to the bucket above]")
                 L.append(f"    {v.name:<14} when {gate}{mark}")
         for rid, at in (cp.report.get("dce:regions") or {}).items():
             L.append(f"  region {rid}:" + st.yellow(f"  [removed with variant '{at['variant']}' of region {at['region']}]"))

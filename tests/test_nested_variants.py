@@ -2,7 +2,7 @@
 each combination once (no region of a variant not picked), and a nested variant is judged where
 its enclosing variants run."""
 
-from planner.analysis import never_running, variant_picks, why_never
+from planner.analysis import eager_only, never_running, variant_picks, why_never
 from planner.config import CompileConfig
 from planner.pipeline import compile_plan
 from planner.report import to_json, to_text
@@ -99,3 +99,33 @@ def test_a_capture_gate_inside_a_capture_gate(tmp_path):
     assert never_running(cp, cp.plan.tuned) == {
         ("r/fast/inner", "other"): "every size where its gate holds while variant 'fast' of region r runs"
                                    " is taken by 'small' before it"}
+
+
+def test_a_variant_that_runs_only_between_buckets_is_not_called_dead(tmp_path):
+    """Gates num_tokens >= 8 and <= 4 leave 5..7 to the fallback: no bucket (1, 2, 4, 8, ...) reaches
+    it, but eager calls there do (validate warned it never runs)."""
+    cp = compiled(tmp_path, """
+outputs: [y]
+ops:
+  - region: comm
+    outputs: [y]
+    variants:
+      - name: big
+        when: num_tokens >= 8
+        ops:
+          - y: copy(x)
+      - name: small
+        when: num_tokens <= 4
+        ops:
+          - y: add(x, x)
+      - name: plain
+        ops:
+          - y: gemm(x, w)
+""", H)
+    assert never_running(cp, {}) == {}
+    assert eager_only(cp, {}) == {("comm", "plain"): [5, 6, 7]}
+    text = to_text(cp, CompileConfig(), color=False)
+    assert "plain          when fallback  [eager calls only: num_tokens = 5..7, between the buckets" in text
+    rows = {v["name"]: v for v in to_json(cp, CompileConfig())["variants"]}
+    assert rows["plain"]["eager_only_sizes"] == [5, 6, 7] and rows["plain"]["never_runs"] is None
+    assert rows["big"]["eager_only_sizes"] is None
