@@ -27,3 +27,29 @@ def test_planner_run_picks_a_world_every_group_divides(tmp_path, capsys):
     assert "--set tp_size=6" in err
     assert main(["run", str(p), "--world-size", "128"]) == 2
     assert "128 ranks (--world-size) is more than planner run starts on one machine (64)" in capsys.readouterr().err
+
+
+def test_the_world_size_hint_names_only_the_params_of_the_groups_size(tmp_path, capsys):
+    """num_layers = 2 equals tp's size but has nothing to do with it (the hint named both)."""
+    p = write(tmp_path, """
+plan: t
+params:
+  tp_size: 2
+  num_layers: 2
+dims:
+  num_tokens: 1..8
+groups:
+  tp: tp_size
+inputs:
+  x: bf16[num_tokens, 16]
+outputs: [y]
+ops:
+  - y: all_reduce(x, tp)
+""")
+    assert main(["run", str(p), "--world-size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--set tp_size=3 or another size that divides 3" in err and "num_layers" not in err, err
+    q = write(tmp_path, "plan: u\ngroups:\n  tp: 2\ninputs:\n  x: bf16[4, 16]\noutputs: [y]\nops:\n"
+                        "  - y: all_reduce(x, tp)\n", "u.yaml")
+    assert main(["run", str(q), "--world-size", "3"]) == 2
+    assert "write the group's size as one that divides 3" in capsys.readouterr().err

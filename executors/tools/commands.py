@@ -194,9 +194,10 @@ def _world(plan, given: int | None) -> int:
                            f" ({MAX_LOCAL_RANKS})")
     for name, size in plan.groups.items():
         if world % size:
-            same = [p for p, v in plan.params.items() if v == size and type(v) is int]
-            how = (f"--set {same[0]}={world}" if len(same) == 1 else f"--set one of {', '.join(same)}" if same
-                   else "--set the param its size is made of")
+            made = plan.group_params.get(name) or []
+            how = (f"--set {made[0]}={world} or another size that divides {world}" if len(made) == 1 else
+                   f"--set {', '.join(made)} (the group's size is made of them)" if made else
+                   f"write the group's size as one that divides {world}")
             ranks = f"{need} ranks" if need == size else f"{need} ranks (every group size divides it)"
             if size > world:
                 raise PlanError.at(None, "param", f"plan group '{name}' has size {size} but --world-size is {world}"

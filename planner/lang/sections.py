@@ -254,6 +254,21 @@ def groups_of(decls: dict, params: dict) -> dict[str, int]:
     return out
 
 
+def group_params_of(decls: dict, params: dict) -> dict[str, list[str]]:
+    """group -> the params its size is written with (tp: tp_size -> ['tp_size'])."""
+    out = {}
+    for name, (raw, _, _) in decls.items():
+        v = raw.get("size") if isinstance(raw, dict) else raw
+        names = []
+        if isinstance(v, str):
+            try:
+                names = sorted(n for n in free_names(parse(v)) if n in params)
+            except ExprError:
+                pass  # groups_of has refused it
+        out[name] = names
+    return out
+
+
 def tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> TensorSpec:
     loc = src.loc(path)
     if isinstance(raw, str):
