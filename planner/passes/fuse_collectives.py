@@ -7,11 +7,22 @@ and whose merge does not delay any member past its slack on the critical path,
 are replaced by   pack (cat) -> one collective -> unpack (split into the
 original output names). Readers are unchanged. Every rank compiles the same
 plan deterministically, so every rank issues the same collectives in the same
-order.
+order. Slack counts the comm order: collectives that land on one stream run one
+after another, so a member that starts only when an earlier one ends is not
+delayed by waiting for it; a delay within 1 % of the members' time (at least
+0.01 us) is a tie, not a delay.
 
 Zero-copy packing: a member whose producer can write into a strided slot
 (gemm, add, copy) gets `out_slot` and is not copied by the pack; members made by
 opaque code or given as plan inputs are copied. The report says which and why.
+
+Unpacked results are views of the packed result, strided unless packed along dim 0.
+A result some reader cannot take as such a view (a view op needs it contiguous, a
+gate asks contiguous() of it, an in-place norm needs a buffer of its own; found
+through slices, splits and selects, packed_views.py) makes the pass pack along a
+dim that keeps it whole where one exists, else copy it out of the packed result
+(one small kernel, in the estimate), else, where the cost model says that copy
+costs more than the member's own collective, leave the member out (reported).
 
 all_to_all is never fused: packing two exchanges along dim 0 would interleave their
 per-peer chunks (peer j must get chunk j of each member, contiguous in its own buffer),
@@ -29,17 +40,21 @@ from ..expr import Bin, Num, unparse
 from ..graph import Compiled, compatible, rebuild_edges
 from ..infer import InferCtx
 from ..opbase import written_in_place
-from ..ops import PACKABLE_COLLECTIVES, Cat, Split
-from ..shapes import DTYPES
+from ..ops import COLLECTIVES, PACKABLE_COLLECTIVES, Cat, Copy, Split
+from ..shapes import DTYPES, nbytes_at
 from .assign_streams import pin_target, pin_text, stream_pool
+from .pack_layout import (
+    Layout,
+    at_text,
+    copy_or_leave_out,
+    estimate,
+    layout,
+    pack_dim,
+)
+from .packed_views import Readers
 
 NAME = "fuse-collectives"
-INPLACE_WRITERS = {"gemm", "add", "copy"}
 FUSABLE = PACKABLE_COLLECTIVES
-# tensor-sized passes an elementwise producer makes (add: read a, read b, write out); a GEMM
-# writes its tiles with a row stride at no extra cost, an elementwise kernel into a strided
-# slot does not vectorize (profile.strided_write_factor)
-ELEMENTWISE_PASSES = {"add": 3, "copy": 2}
 
 
 def _acyclic(g, buckets: list[list[str]]) -> bool:
@@ -70,25 +85,9 @@ def _without_cycles(g, kept: list, report: dict) -> list:
     return out
 
 
-def _strided_write_pays(op_kind: str, cfg) -> bool:
-    """In place beats producing contiguously and copying in the pack (2 passes)."""
-    k = ELEMENTWISE_PASSES.get(op_kind)
-    return k is None or (cfg.profile.strided_write_factor - 1.0) * k < 2.0
-
-
-def _pack_dim(specs, probes, coll_dim: int | None):
-    """A dim along which members can be concatenated: all other dims agree."""
-    rank = specs[0].rank
-    if any(s.rank != rank for s in specs):
-        return None
-    order = [rank - 1] + list(range(rank - 1)) if rank else []
-    for p in order:
-        if coll_dim is not None and p == coll_dim:
-            continue
-        if all(all(probes.equal(a, b) for j, (a, b) in enumerate(zip(specs[0].shape, s.shape, strict=True)) if j != p)
-               for s in specs[1:]):
-            return p
-    return None
+def _us(x: float) -> str:
+    # two decimals below 1 us: a delay past the tolerance never reads as 0.0
+    return f"{x:.1f} us" if round(x, 1) >= 1 else f"{x:.2f} us"
 
 
 def _key(cp: Compiled, v: str, streams: list[str]):
@@ -120,6 +119,45 @@ def _why_differs(cp: Compiled, u: str, v: str, k1, k2) -> str:
             return (f"different variant contexts ({label(a)} vs {label(b)}): they can run in one call,"
                     " but fusion stays within one context")
     return "same key"
+
+
+def _timing(cp: Compiled, order: list[str], costs: dict, streams: list[str]):
+    """(ready, es, late, nxt) per op: when its inputs are ready, its earliest start, the latest
+    start its readers allow, and for a collective the (latest start, id) of the next one on its
+    stream. Collectives that land on one stream run one after another in issue order, so a
+    collective starts no earlier than the end of every earlier one there that can run in the
+    same call; the longest path counts those edges too."""
+    g = cp.graph
+    lane = {v: pin_target(cp.plan, g.nodes[v]["op"], streams) or f"group {g.nodes[v]['op'].group}"
+            for v in order if g.nodes[v]["op"].op in COLLECTIVES}
+    ready: dict[str, float] = {}
+    es: dict[str, float] = {}
+    ends: dict[str, dict[tuple, float]] = {}  # stream -> variant context -> latest end
+    for v in order:
+        ready[v] = es[v] = max((es[u] + costs[u] for u in g.predecessors(v)), default=0.0)
+        if v in lane:
+            ctx, seen = g.nodes[v]["ctx"], ends.setdefault(lane[v], {})
+            es[v] = max([ready[v]] + [e for c, e in seen.items() if compatible(c, ctx)])
+            if not ctx:  # it follows every earlier one: they bound no later collective beyond it
+                seen.clear()
+            seen[ctx] = max(seen.get(ctx, 0.0), es[v] + costs[v])
+    total = max((es[v] + costs[v] for v in order), default=0.0)
+    late: dict[str, float] = {}
+    ls: dict[str, float] = {}
+    nxt: dict[str, tuple] = {}
+    starts: dict[str, dict[tuple, tuple]] = {}  # stream -> variant context -> (latest start, id)
+    for v in reversed(order):
+        late[v] = ls[v] = min((ls[s] for s in g.successors(v)), default=total) - costs[v]
+        if v in lane:
+            ctx, seen = g.nodes[v]["ctx"], starts.setdefault(lane[v], {})
+            later = [s for c, s in seen.items() if compatible(c, ctx)]
+            if later:
+                nxt[v] = min(later)
+                ls[v] = min(ls[v], nxt[v][0] - costs[v])
+            if not ctx:
+                seen.clear()
+            seen[ctx] = min(seen.get(ctx, (ls[v], v)), (ls[v], v))
+    return ready, es, late, nxt
 
 
 def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
@@ -155,21 +193,30 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             m |= mask[u] | bit.get(u, 0)
         mask[v] = m
 
-    # earliest start and slack (single stream estimate at representative sizes)
+    # earliest start and slack (data edges and comm order, at representative sizes)
     model = CostModel(cfg.profile, plan.groups)
     tuned = {**plan.tuned, **cfg.tuned}
     costs = op_costs(cp, model, rep_bindings(cp, (), tuned))
-    es: dict[str, float] = {}
-    for v in order:
-        es[v] = max((es[u] + costs[u] for u in g.predecessors(v)), default=0.0)
-    total = max((es[v] + costs[v] for v in order), default=0.0)
-    ls: dict[str, float] = {}
-    for v in reversed(order):
-        ls[v] = min((ls[s] for s in g.successors(v)), default=total) - costs[v]
-    slack = {v: ls[v] - es[v] for v in order}
+    streams = stream_pool(cp, cfg.num_streams)
+    ready, es, late, nxt = _timing(cp, order, costs, streams)
+
+    def delayed(ms: list[str]) -> str | None:
+        """Packed, the members start when the last one's data is ready (and the comm order lets
+        the first one start); a member whose readers, or the next collective on its stream
+        (unless packed with it), cannot wait that long is delayed on the critical path."""
+        start = max([es[ms[0]]] + [ready[m] for m in ms])
+        tol = max(0.01, 0.01 * sum(costs[m] for m in ms))
+        for m in ms:
+            limit = late[m]
+            if m in nxt and nxt[m][1] not in ms:
+                limit = min(limit, nxt[m][0] - costs[m])
+            slack = limit - es[m]
+            if start - es[m] > slack + tol:
+                return (f"would delay {m} by {_us(start - es[m])} on the critical path"
+                        f" (slack {_us(max(slack, 0.0))})")
+        return None
 
     cap = cfg.bucket_cap_mb * 1e6
-    streams = stream_pool(cp, cfg.num_streams)
     groups: dict[tuple, list[str]] = {}
     for v in cands:
         groups.setdefault(_key(cp, v, streams), []).append(v)
@@ -192,7 +239,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
             reason = None
             if cur:
                 specs = [cp.tensors[g.nodes[m]["op"].x] for m in cur + [c]]
-                if _pack_dim(specs, probes, k[2]) is None:
+                if pack_dim(specs, probes, k[2]) is None:
                     reason = "shapes cannot be packed along one dim"
                 elif mask[c] & cur_bits:
                     dep = next(m for m in cur if mask[c] & bit[m])
@@ -200,11 +247,7 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                 elif cur_bytes + nbytes(op.x) > cap:
                     reason = f"bucket would exceed the byte cap ({cfg.bucket_cap_mb:g} MB at the dims' maximum)"
                 else:
-                    ready = max(es[m] for m in cur + [c])
-                    late = [m for m in cur + [c] if ready - es[m] > slack[m] + 1e-6]
-                    if late:
-                        reason = (f"would delay {late[0]} by {ready - es[late[0]]:.1f} us on the critical path"
-                                  f" (slack {slack[late[0]]:.1f} us)")
+                    reason = delayed(cur + [c])
             if reason:
                 report["not_fused"].append({"ops": [cur[-1], c], "reason": reason})
                 if len(cur) > 1:
@@ -221,31 +264,32 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     # profitability, decided at every bucket the bucket's scope can see: fuse when the packed
     # collective's worst-case loss against the better choice per bucket is smaller than the
     # separate collectives' (a bucket rated slower than separate at some size is not fused blindly)
+    views = Readers(cp)
     kept = []
     for members in buckets:
-        ctx = g.nodes[members[0]]["ctx"]
-        rows = []
-        for b in allowed_buckets(cp, ctx, tuned):
-            sep, fused = _estimate(cp, cfg, model, members, b)
-            rows.append((b, sep, fused))
+        at = allowed_buckets(cp, g.nodes[members[0]]["ctx"], tuned)
+        lay = layout(cp, cfg, members, views)
+        rows = [(b, *estimate(cp, cfg, model, members, lay, b)) for b in at]
+        if lay.unpack:
+            members, lay, rows = copy_or_leave_out(cp, cfg, model, members, lay, rows, views, report)
         loss_fused = max(f - min(s, f) for _, s, f in rows)
         loss_sep = max(s - min(s, f) for _, s, f in rows)
         worst = max(rows, key=lambda r: r[2] - r[1])
         best = max(rows, key=lambda r: r[1] - r[2])
         if loss_fused >= loss_sep:
-            slower = f"packed {worst[2]:.1f} us vs {worst[1]:.1f} us separate at {_at(worst[0])}"
+            slower = f"packed {worst[2]:.1f} us vs {worst[1]:.1f} us separate at {at_text(worst[0])}"
             reason = (f"unprofitable: {slower}" if best[2] >= best[1] else
                       f"not fused at every size: {slower}, a larger worst-case loss ({loss_fused:.1f} us) than"
-                      f" not fusing ({loss_sep:.1f} us, at most {best[1] - best[2]:.1f} us at {_at(best[0])})")
+                      f" not fusing ({loss_sep:.1f} us, at most {best[1] - best[2]:.1f} us at {at_text(best[0])})")
             report["not_fused"].append({"ops": members[:2], "reason": reason})
         else:
-            kept.append((members, rows, loss_fused, loss_sep))
+            kept.append((members, lay, rows, loss_fused, loss_sep))
     kept = _without_cycles(g, sorted(kept, key=lambda b: pos[b[0][0]]), report)
     if not kept:
         return cp, False
     ictx = InferCtx(cp.tensors, plan.params, plan.dims, plan.groups, probes)
-    for n, (members, rows, loss_fused, loss_sep) in enumerate(kept):
-        b = _rewrite(cp, cfg, members, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx)
+    for n, (members, lay, rows, loss_fused, loss_sep) in enumerate(kept):
+        b = _rewrite(cp, members, lay, f"{g.nodes[members[0]]['op'].op}.fused{n}", ictx)
         mid = rows[len(rows) // 2]
         b["estimate"] = {"separate_us": round(mid[1], 2), "packed_us": round(mid[2], 2), "at": dict(mid[0]),
                          "per_bucket": [{"at": dict(at), "separate_us": round(sep, 2), "packed_us": round(f, 2)}
@@ -253,60 +297,19 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
                          "decision": "packed at every bucket" if loss_fused == 0 else
                          f"smallest worst-case loss: {loss_fused:.1f} us packed vs {loss_sep:.1f} us separate"}
         report["buckets"].append(b)
-    buckets = [m for m, _, _, _ in kept]
+    buckets = [m for m, *_ in kept]
     report["after"] = report["before"] - sum(len(b) - 1 for b in buckets)
     rebuild_edges(cp)
     return cp, True
 
 
-def _at(b: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in b.items()) or "static shapes"
-
-
-def _can_write_in_place(cp: Compiled, cfg, x: str, ctx) -> bool:
-    t = cp.tensors[x]
-    if cfg.packing == "cat" or t.producer is None or t.alias_of:
-        return False
-    d = cp.graph.nodes[t.producer]
-    kind = d["op"].op
-    return (kind in INPLACE_WRITERS and len(d["op"].out) == 1 and d["ctx"] == ctx
-            and (cfg.packing == "inplace" or _strided_write_pays(kind, cfg)))
-
-
-def _estimate(cp: Compiled, cfg, model, members, binding) -> tuple[float, float]:
-    """(separate, packed) estimated us for a bucket."""
-    from ..shapes import nbytes_at
-    g = cp.graph
-    ops = [g.nodes[m]["op"] for m in members]
-    sep = sum(model.op_us(o, cp.tensors, binding) for o in ops)
-    ctx = g.nodes[members[0]]["ctx"]
-    # the packed collective moves the sum of the members' bytes in one launch
-    p = model.p
-    w = cp.plan.groups.get(ops[0].group, 1)
-    moved_in = sum(nbytes_at(cp.tensors[o.x], binding) for o in ops)
-    if ops[0].op == "all_gather":
-        received = moved_in * (w - 1)
-    elif ops[0].op == "reduce_scatter":
-        received = moved_in * (w - 1) / w
-    else:
-        received = 2 * moved_in * (w - 1) / w
-    coll = p.coll_latency_us + received / (p.coll_gbps * 1e3) if w > 1 else p.kernel_us
-    if w > 1 and ops[0].op == "all_gather" and p.p2p_gbps > 0 and moved_in >= p.p2p_min_bytes:
-        # the same choice the cost model makes for one gather (copy-engine pushes when available)
-        coll = min(coll, p.p2p_latency_us + received / (p.p2p_gbps * 1e3))
-    copied = sum(nbytes_at(cp.tensors[o.x], binding) for o in ops if not _can_write_in_place(cp, cfg, o.x, ctx))
-    pack = p.kernel_us + 2 * copied / (p.hbm_gbps * 1e3) if copied else 0.0
-    return sep, coll + pack
-
-
 def _max_bytes(cp: Compiled, name: str) -> int:
     t = cp.tensors[name]
     upper = {k: d.hi for k, d in cp.plan.dims.items()}
-    from ..shapes import nbytes_at
     return nbytes_at(t, upper)
 
 
-def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
+def _rewrite(cp: Compiled, members: list[str], lay: Layout, bid: str, ictx) -> dict:
     g = cp.graph
     ops = [g.nodes[m]["op"] for m in members]
     ctx = g.nodes[members[0]]["ctx"]
@@ -314,67 +317,46 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
     specs = [cp.tensors[x] for x in xs]
     coll_dim = getattr(ops[0], "dim", None)
     coll_dim = None if coll_dim is None else coll_dim % specs[0].rank
-    p = _pack_dim(specs, cp.probes, coll_dim)
+    p = lay.p
+    # an input an earlier bucket's producer already writes into that bucket's slot is a view now
+    inplace = [x for x in lay.inplace if not cp.tensors[x].alias_of]
+    whys = dict(lay.copied) | {x: "views of other tensors" for x in lay.inplace if x not in inplace}
+    copied = [(x, whys[x]) for x in xs if x in whys]
     packed, gathered = f"{bid}.packed", f"{bid}.out"
 
-    # zero-copy: which producers can write straight into their slot
-    inplace, copied = [], []
-    for x in xs:
-        t = cp.tensors[x]
-        prod = t.producer
-        why = None
-        if cfg.packing == "cat":
-            why = "packing=cat requested"
-        elif prod is None:
-            why = f"plan {t.kind}s"
-        else:
-            pop = g.nodes[prod]["op"]
-            if pop.op not in INPLACE_WRITERS:
-                why = f"made by {pop.op}, which cannot write into a slot"
-            elif t.alias_of or len(pop.out) != 1:
-                why = "views of other tensors"
-            elif g.nodes[prod]["ctx"] != ctx:
-                why = "made inside a variant"
-            elif xs.count(x) > 1:
-                why = "twice in the bucket"
-            elif any(g.nodes[s]["op"].op == "view" for s in g.successors(prod)):
-                why = "reshaped by a view, which needs them contiguous"
-            elif cfg.packing != "inplace" and not _strided_write_pays(pop.op, cfg):
-                f = cfg.profile.strided_write_factor
-                why = (f"made by {pop.op}: an elementwise write into a strided slot costs {f:g}x a contiguous"
-                       " one, so producing contiguously and copying in the pack is cheaper")
-        (copied if why else inplace).append((x, why))
-    # offsets along the pack dim
+    # offsets along the pack dim; zero-copy producers write straight into their slot
     offset = 0
     for x, s in zip(xs, specs, strict=True):
-        if any(x == i for i, _ in inplace):
+        if x in inplace:
             prod = cp.tensors[x].producer
             g.nodes[prod]["out_slot"] = (packed, p, offset, s.shape[p])
         offset = _add(offset, s.shape[p])
 
-    pack = Cat(op="cat", id=f"{bid}.pack", xs=xs, dim=p, out=[packed], inplace=[x for x, _ in inplace])
-    # the members' pins name one stream (the fusion key): the fused collective keeps it; the pack
-    # and unpack are not collectives and stay the stream planner's to place
+    pack = Cat(op="cat", id=f"{bid}.pack", xs=xs, dim=p, out=[packed], inplace=list(inplace))
+    # the members' pins name one stream (the fusion key): the fused collective keeps it; the pack,
+    # unpack and copies are not collectives and stay the stream planner's to place
     pin = next((o.stream for o in ops if o.stream), None)
     coll = ops[0].model_copy(update={"id": bid, "x": packed, "out": [gathered], "fused_from": list(members),
                                      "stream": pin})
     outs = [o.out[0] for o in ops]
     out_specs = [cp.tensors[o] for o in outs]
     sizes = [s.shape[p] for s in out_specs]
-    unpack = Split(op="split", id=f"{bid}.unpack", x=gathered, sizes=[_text(d) for d in sizes], dim=p, out=outs)
+    # a result some reader needs whole is a piece of the packed result copied out under its name
+    pieces = [f"{bid}.{o}" if o in lay.unpack else o for o in outs]
+    unpack = Split(op="split", id=f"{bid}.unpack", x=gathered, sizes=[_text(d) for d in sizes], dim=p, out=pieces)
+    copies = [Copy(op="copy", id=f"{bid}.copy.{o}", x=f"{bid}.{o}", out=[o]) for o in outs if o in lay.unpack]
 
     g.remove_nodes_from(members)
     for o in outs:
         del cp.tensors[o]
-    for x, _ in inplace:
+    for x in inplace:
         t = cp.tensors[x]
         t.alias_of, t.contiguous = packed, (p == 0)
-    for op in (pack, coll, unpack):
+    for op in (pack, coll, unpack, *copies):
         for spec in op.infer(ictx):
             spec.producer = op.id
             cp.tensors[spec.name] = spec
         g.add_node(op.id, op=op, ctx=ctx, stream=op.stream or "main", waits=[], records=[])
-    from ..shapes import nbytes_at
     upper = {k: d.hi for k, d in cp.plan.dims.items()}
     n_in = len(inplace)
     reasons: dict[str, list] = {}
@@ -385,16 +367,23 @@ def _rewrite(cp: Compiled, cfg, members: list[str], bid: str, ictx) -> dict:
         form, why = "inplace", "every producer writes straight into its slot of the packed buffer (no cat copy)"
     elif n_in:
         form = "mixed"
-        why = f"{n_in} of {len(xs)} written in place ({', '.join(x for x, _ in inplace)}); copied: {copied_text}"
+        why = f"{n_in} of {len(xs)} written in place ({', '.join(inplace)}); copied: {copied_text}"
     else:
         form, why = "cat", "cat copy of " + copied_text
+    if lay.why_dim:
+        why += "; " + lay.why_dim
+    if lay.unpack:
+        why += "; copied out of the packed result: " + "; ".join(f"{o} ({w})" for o, w in lay.unpack.items())
     return {
         "id": bid, "kind": coll.op, "group": coll.group, "dim": coll_dim, "pack_dim": p, "stream": coll.stream,
         "members": list(members), "tensors": xs, "packing": form, "why": why,
         "packed_bytes_max": nbytes_at(cp.tensors[packed], upper),
         "out_bytes_max": nbytes_at(cp.tensors[gathered], upper),
         "dtype_bytes": DTYPES[specs[0].dtype],
-        "copied_bytes_max": sum(nbytes_at(cp.tensors[x], upper) for x, _ in copied),
+        # what fusion adds to memory: the pack's copies, and results copied out of the packed result
+        "copied_bytes_max": sum(nbytes_at(cp.tensors[x], upper) for x, _ in copied)
+        + sum(nbytes_at(cp.tensors[o], upper) for o in lay.unpack),
+        "unpack_copies": [{"tensor": o, "why": w} for o, w in lay.unpack.items()],
     }
 
 
