@@ -23,6 +23,10 @@ the [num_tokens, 6288] packed projection). A run whose variant made another layo
 two-branch KDA variant, taken only when tuned to) copies that output into the declared layout;
 ex.op_layout_copies counts those copies. Outputs never alias inputs or weights (such an output
 is cloned); several outputs may be disjoint views of one buffer (no output overlaps another).
+Plan inputs that model code run for its effects (extern effects=true: a KV-cache write) is given
+are declared written (Tensor(m0!)), so the compiled graph keeps the call and orders reads of
+them after it; such code given a weight, or a plan with no outputs whose effects write no
+input, is refused under torch.compile (the write would be invisible to it).
 
 Run-time behaviour stays in the body: streams, events, gates (which read the real capture
 state, torch.cuda.is_current_stream_capturing(), when the op runs, not Dynamo's trace) and the
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import keyword
 import operator
 import re
 import weakref
@@ -70,9 +75,15 @@ def _lib() -> torch.library.Library:
     return _LIB
 
 
+# words a schema argument may not be named (the schema parser's and Python's: Inductor makes
+# Python functions with these parameter names)
+_RESERVED = set(keyword.kwlist) | {"None", "True", "False", "in", "out", "self", "Tensor", "SymInt", "int",
+                                   "float", "bool", "str", "Scalar", "Layout", "Device", "MemoryFormat"}
+
+
 def _ident(s: str, taken: set) -> str:
     out = re.sub(r"\W", "_", s)
-    if not out or out[0].isdigit():
+    if not out or out[0].isdigit() or out in _RESERVED:
         out = "_" + out
     while out in taken:
         out += "_"
@@ -198,6 +209,20 @@ class _OpSpec:
                 self.roots.append(r)
             self.chain[o] = (self.roots.index(r), steps)
         self.copy_roots = {r for r in self.roots if cp.tensors[r].kind in ("input", "weight") or r in plan.inputs}
+        # what model code run for its effects (effects=true: a KV-cache write) is given: the plan
+        # inputs among it are declared written by the op (so the compiled graph keeps the call and
+        # orders reads of them after it); weights among it cannot be (they are not arguments)
+        self.mutated, self.effect_weights = [], []
+        for op in plan.ops:
+            if op.op == "extern" and op.effects:
+                for a in op.args if op.writes is None else op.writes:
+                    r = _storage_root(cp, a)
+                    kind = cp.tensors[r].kind if r in cp.tensors else None
+                    if kind == "input" and r not in self.mutated:
+                        self.mutated.append(r)
+                    elif kind == "weight" and (op.id, r) not in self.effect_weights:
+                        self.effect_weights.append((op.id, r))
+        self.effects = [op.id for op in plan.ops if op.op == "extern" and op.effects]
         self.root_shape = [cp.tensors[r].shape for r in self.roots]
         self.root_dtype = [torch_dtype(cp.tensors[r].dtype) for r in self.roots]
         self._root_fns = [shape_fn(sh, plan.params) for sh in self.root_shape]
@@ -231,15 +256,30 @@ class _OpSpec:
         return shape, _contig_strides(shape)
 
 
+def _storage_root(cp, name: str) -> str:
+    """The tensor whose memory `name` is (through views)."""
+    for _ in range(256):
+        t = cp.tensors.get(name)
+        if t is None or not t.alias_of:
+            return name
+        name = t.alias_of
+    return name
+
+
 def _schema(ex, spec: _OpSpec):
     taken: set = set()
     ins = [_ident(n, taken) for n in spec.inputs]
     dims = [_ident(d, taken) for d in spec.dims]
     outs = [_ident(o, taken) for o in spec.outputs]
-    args = [f"Tensor {n}" for n in ins] + [f"SymInt? {d}=None" for d in dims]
-    fn = f"({', '.join(args)}) -> Tensor[]"  # one per root buffer (_OpSpec)
-    mut = ", ".join([f"Tensor {n}" for n in ins] + [f"SymInt? {d}" for d in dims]
-                    + [f"Tensor(a{i}!) {o}" for i, o in enumerate(outs)])
+    written = {n: f"(m{i}!)" for i, n in enumerate(spec.mutated)}
+    tin = [f"Tensor{written.get(n, '')} {a}" for n, a in zip(spec.inputs, ins, strict=True)]
+    args = tin + [f"SymInt? {d}=None" for d in dims]
+    # one tensor per root buffer (_OpSpec); an op that writes inputs returns a fixed tuple (a
+    # written op's Tensor[] return cannot be functionalized)
+    n = len(spec.roots)
+    ret = "Tensor[]" if not spec.mutated else "()" if n == 0 else "Tensor" if n == 1 else f"({', '.join(['Tensor'] * n)})"
+    fn = f"({', '.join(args)}) -> {ret}"
+    mut = ", ".join(tin + [f"SymInt? {d}" for d in dims] + [f"Tensor(a{i}!) {o}" for i, o in enumerate(outs)])
     return fn, f"({mut}) -> ()"
 
 
@@ -285,8 +325,9 @@ def register_ops(ex):
         inputs, dims = split(args)
         b = e.check_inputs(inputs, dims)
         env = e._run(inputs, dims, keep=spec.roots)
-        # a returned buffer must not be an input's or a weight's memory (a view op or model code
-        # can hand one back): the op's schema promises fresh tensors
+        # a returned buffer must not be an input's or a weight's memory, nor another returned
+        # buffer's (a view op or model code can hand one back): the op's schema promises fresh,
+        # unaliased tensors
         held = {storage_key(t) for t in inputs.values() if t.numel()} | e._weight_storage.keys()
         outs = []
         for i, r in enumerate(spec.roots):
@@ -301,15 +342,17 @@ def register_ops(ex):
                 for o, v in spec.views([t if j == i else None for j in range(len(spec.roots))], b).items():
                     v.copy_(env[o])
                 e.op_layout_copies += 1
+            if t.numel():
+                held.add(storage_key(t))  # a later root in the same memory (model code returned it twice) is copied
             outs.append(t)
-        return outs
+        return _returned(spec, outs)
 
     def fake(*args):
         e = executor()
         inputs, dims = split(args, False)
         b = bindings(e, spec, inputs, dims, fake=True)
-        return [torch.empty_strided(*spec.root_layout(i, b, True), dtype=spec.root_dtype[i], device=e.device)
-                for i in range(len(spec.roots))]
+        return _returned(spec, [torch.empty_strided(*spec.root_layout(i, b, True), dtype=spec.root_dtype[i],
+                                                    device=e.device) for i in range(len(spec.roots))])
 
     def impl_out(*args):
         e = executor()
@@ -331,6 +374,20 @@ def register_ops(ex):
     pkt = getattr(torch.ops.planner, base)
     pkt_out = getattr(torch.ops.planner, base + "_out")
     return pkt.default, pkt_out.default, spec
+
+
+def _returned(spec: _OpSpec, outs: list):
+    """The roots as the schema returns them (_schema): a list, or for an op that writes inputs a
+    tuple, one tensor, or nothing."""
+    if not spec.mutated:
+        return outs
+    return None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _roots(spec: _OpSpec, res) -> list:
+    if res is None:
+        return []
+    return [res] if isinstance(res, torch.Tensor) else list(res)
 
 
 def describe(t) -> str:
@@ -421,14 +478,24 @@ def compiled_call(ex, inputs: dict, dims: dict | None, out: dict | None):
         raise InputError(f"plan '{ex.plan.name}': inputs {grads} require grad, but under torch.compile the plan is"
                          " one custom op without a backward; call it under torch.no_grad() or"
                          " torch.inference_mode(), or pass detached inputs (eager calls are differentiable)")
+    if spec.effect_weights:
+        op, w = spec.effect_weights[0]
+        raise InputError(f"plan '{ex.plan.name}': model code '{op}' (effects=true) is given weight '{w}', whose writes"
+                         " torch.compile cannot see (weights are not the op's arguments); declare that"
+                         " state as a plan input (the op then declares it written), or call the executor"
+                         " outside the compiled region")
+    if spec.effects and not spec.mutated and not spec.outputs:
+        raise InputError(f"plan '{ex.plan.name}' has no outputs and its model code run for effects"
+                         f" ({', '.join(spec.effects)}) writes no plan input: torch.compile would drop the call;"
+                         " pass the state it writes as a plan input")
     dims = dims_arg(ex, dims, sym=True)
     dv = [None if dims is None else dims.get(d) for d in spec.dims]
     if out is not None:
         _out_names(ex, out, spec.outputs)
         ex._op_out(*args, *dv, *[out[o] for o in spec.outputs])
         return out
-    roots = ex._op(*args, *dv)
-    return spec.views(list(roots), bindings(ex, spec, inputs, dims))
+    roots = _roots(spec, ex._op(*args, *dv))
+    return spec.views(roots, bindings(ex, spec, inputs, dims))
 
 
 def check_out(ex, out, b: dict, inputs: dict):

@@ -315,6 +315,9 @@ class Extern(OpBase):
                               " with it or launches on it itself); the planner keeps it on main.")
     effects: bool = Field(False, description="True: the code runs for what it does beyond its results (writes a"
                           " KV cache); dce keeps it though nothing reads its results, and it stays on main.")
+    writes: list[str] | None = Field(None, description="The arguments effects=true code writes in place (the KV"
+                                     " cache); under torch.compile the plan's op declares those inputs written."
+                                     " Default: every argument.")
 
     def inputs(self):
         return list(self.args)
@@ -338,6 +341,13 @@ class Extern(OpBase):
             if on and self.stream not in (None, "main"):
                 ctx.fail(f"{flag} keeps this code on the caller's stream (main), but it is "
                          f"pinned to stream '{self.stream}'", "stream", "stream")
+        if self.writes is not None:
+            if not self.effects:
+                ctx.fail("writes= names what effects=true code writes in place; add effects=true", "writes")
+            for n in self.writes:
+                if n not in self.args:
+                    ctx.fail(f"writes= names '{n}', which is not an argument of this code (arguments:"
+                             f" {', '.join(self.args) or 'none'})", "writes")
         if (self.shape is None) == (self.shapes is None):
             ctx.fail("extern needs exactly one of shape= (one result) or shapes= (several)", "shape")
         if self.shapes is not None:

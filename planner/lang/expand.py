@@ -51,7 +51,7 @@ FIELD_KINDS = {
     "scale_a": T, "scale_b": T, "w": T, "residual": T, "eps": F, "inplace": B, "approximate": S,
     "q": T, "k": T, "positions": T, "cos_sin_cache": T, "interleave": B, "block": IL,
     "splits": D, "counts": T, "shapes": DLL, "dtypes": SL, "side_stream": B,
-    "effects": B,
+    "effects": B, "writes": TL,
 }
 POSITIONAL = {
     "all_gather": ["x", "group", "dim"], "reduce_scatter": ["x", "group", "dim"],
