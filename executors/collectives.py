@@ -105,6 +105,16 @@ class Comm:
 
 def bind_groups(plan_groups: dict[str, int], group) -> dict[str, Comm]:
     """group: None (default group when initialized), a ProcessGroup, or {plan group name: ProcessGroup}."""
+    def is_pg(x) -> bool:
+        return isinstance(x, dist.ProcessGroup) if dist.is_available() else False
+    if group is not None and not isinstance(group, dict) and not is_pg(group):
+        raise GroupError(f"group= must be a torch.distributed ProcessGroup or {{plan group: ProcessGroup}},"
+                         f" got {type(group).__name__} {group!r:.40}")
+    if isinstance(group, dict):
+        for k, v in group.items():
+            if v is not None and not is_pg(v):
+                raise GroupError(f"group['{k}'] must be a torch.distributed ProcessGroup (dist.new_group(...)),"
+                                 f" got {type(v).__name__} {v!r:.40}")
     out = {}
     for name, size in plan_groups.items():
         pg = group.get(name) if isinstance(group, dict) else group

@@ -8,6 +8,7 @@ The call itself is executors.executor.Executor.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import networkx as nx
@@ -103,6 +104,9 @@ def _weights_dict(cp, weights) -> dict:
 
 def _check_externs(cp, externs, needed) -> dict:
     plan = cp.plan
+    if externs is not None and not isinstance(externs, Mapping):
+        raise BuildError(f"plan '{plan.name}': externs= must be a dict {{fn name: callable}}, got"
+                         f" {type(externs).__name__}")
     externs = dict(externs or {})
     unbound = [n for n in needed if n not in externs]
     if unbound:

@@ -9,6 +9,8 @@ the gemm steps of an executor the tuner is measuring (executors.tools.tune refin
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from planner.errors import PlanError, read_json
@@ -59,8 +61,8 @@ def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
         data, source = match_tuning(name, plan.tuned, gemm_shapes(plan), cc, versions)
         return (data or {}), source
     where = "tuning="
-    if isinstance(tuning, str):
-        where = tuning
+    if isinstance(tuning, (str, os.PathLike)):
+        where = tuning = os.fspath(tuning)
         try:
             tuning = read_json(tuning, "tuning file")
         except PlanError as exc:  # unreadable, not JSON, a repeated key, too deep, a number too long
@@ -68,13 +70,13 @@ def resolve_tuning(cp, tuning, device) -> tuple[dict, str]:
     if not isinstance(tuning, dict):
         raise BuildError(f"tuning= must be a file path, a tuning dict or {{limit: int}}, got {type(tuning).__name__}")
     if not tuning:
-        return {}, "none (tuning={}): plan defaults"
+        return {}, "none (tuning={}): plan defaults" if where == "tuning=" else f"{where} (empty): plan defaults"
     if where == "tuning=" and not any(k in ALL_KEYS for k in tuning):
         for k, v in tuning.items():  # the in-code shorthand {limit: int}
             if k not in plan.tuned:
                 raise BuildError(f"tuning sets '{k}' but the plan declares tuned limits {sorted(plan.tuned)}")
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise BuildError(f"tuning['{k}'] must be an integer limit, got {v!r:.60}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise BuildError(f"tuning['{k}'] must be a non-negative integer limit, got {v!r:.60}")
         return {"limits": {k: int(v) for k, v in tuning.items()}}, "tuning= (limits " + ", ".join(
             f"{k}={v}" for k, v in tuning.items()) + ")"
     try:

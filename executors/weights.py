@@ -188,7 +188,10 @@ def prepare_weights(cp, weights: dict, device=None, prefs=None, prepack: bool = 
 
 def load_weights(ex, new: dict) -> None:
     """Write new row-major weights into an executor's prepared tensors, in place (the same
-    preparation step; addresses stay, so captured and compiled graphs stay valid)."""
+    preparation step; addresses stay, so captured and compiled graphs stay valid). Every entry is
+    checked before any is written, so a refused load leaves the executor as it was. A row-layout
+    weight is the tensor build_executor was given: executors built from the same tensors share
+    it, and a load into one is a load into all of them."""
     if not isinstance(new, Mapping):
         raise ValueError(f"load_weights takes a mapping {{weight name: tensor}}, got {type(new).__name__}")
     for name, w in new.items():
@@ -202,6 +205,8 @@ def load_weights(ex, new: dict) -> None:
         if tuple(w.shape) != tuple(dst.shape) or w.dtype != dst.dtype:
             raise ValueError(f"weight '{name}' must be {plan_dtype(dst.dtype)}{list(dst.shape)}, got"
                              f" {plan_dtype(w.dtype)}{list(w.shape)}")
+    for name, w in new.items():
+        dst = ex._weights[name]
         with torch.no_grad():
             dst.copy_(to_layout(w.to(dst.device), ex.weight_layouts.get(name, ROW)))
 

@@ -150,6 +150,7 @@ def test_build_arguments_of_the_wrong_kind(tmp_path):
         (dict(weights={"wn": wn}, device="meta"), "executors run on cpu or cuda"),
         (dict(weights={"wn": wn}, backend_prefs=["nonsense"]), "backend_prefs= names \\['nonsense'\\]"),
         (dict(weights={"wn": wn}, backend_prefs="torch"), "must be a list of backend names"),
+        (dict(weights={"wn": wn}, externs=[torch.neg]), "externs= must be a dict \\{fn name: callable\\}, got list"),
     ]
     if not torch.cuda.is_available():
         cases.append((dict(weights={"wn": wn}, device="cuda"), "CUDA is not available here"))
@@ -198,8 +199,27 @@ def test_extern_result_on_another_device_is_named(tmp_path):
 def test_tuning_shorthand_value_must_be_int(tmp_path):
     text = ALIAS.replace("dims:", "tuned:\n  lim: 4\ndims:", 1)
     cp = compile_for_run(load_plan(write(tmp_path, text)))
-    with pytest.raises(BuildError, match="tuning\\['lim'\\] must be an integer limit"):
-        build_executor(cp, {"wn": torch.randn(64).bfloat16()}, tuning={"lim": "x"})
+    w = {"wn": torch.randn(64).bfloat16()}
+    for bad in ("x", -5):  # a file refuses a negative limit; the shorthand does too
+        with pytest.raises(BuildError, match="tuning\\['lim'\\] must be a non-negative integer limit"):
+            build_executor(cp, w, tuning={"lim": bad})
+    # a path is a file path, str or not; an empty file is named as the source
+    f = tmp_path / "t.json"
+    f.write_text('{"limits": {"lim": 2}}')
+    assert build_executor(cp, w, tuning=f).tuned == {"lim": 2}
+    f.write_text("{}")
+    assert build_executor(cp, w, tuning=f).tuning_source == f"{f} (empty): plan defaults"
+
+
+def test_group_of_the_wrong_kind_is_named(tmp_path):
+    from executors.collectives import GroupError
+    text = EXTERN.replace("inputs:", "groups:\n  tp: 2\ninputs:").replace(
+        "  - y: extern(model_fn, x, shape=[num_tokens, 16])", "  - y: all_reduce(x, tp)")
+    cp = compile_for_run(load_plan(write(tmp_path, text)))
+    with pytest.raises(GroupError, match="group= must be a torch.distributed ProcessGroup .* got str 'tp'"):
+        build_executor(cp, {}, group="tp")
+    with pytest.raises(GroupError, match="group\\['tp'\\] must be a torch.distributed ProcessGroup .* got int 2"):
+        build_executor(cp, {}, group={"tp": 2})
 
 
 ROPE = """
@@ -265,6 +285,18 @@ def test_load_weights_says_what_is_wrong_with_a_weight(alias):
                      ([1.0] * 64, "must be a tensor, got list"), (torch.zeros(32).bfloat16(), "must be bf16")):
         with pytest.raises(ValueError, match=msg):
             load_weights(ex, {"wn": bad})
+
+
+def test_load_weights_writes_nothing_when_one_entry_is_refused(tmp_path):
+    from executors.weights import load_weights
+    text = ALIAS.replace("  wn: bf16[hidden]", "  wn: bf16[hidden]\n  wm: bf16[hidden]").replace(
+        "outputs: [n1, v1, s1, xs]", "outputs: [n1, n2]").replace("  - v1: view(x, [num_tokens, 4, 16])\n", "").replace(
+        "  - s1: add(x, r)\n  - xs: x[:, 0:32]\n", "  - n2: rmsnorm(r, wm)\n")
+    w = {"wn": torch.ones(64).bfloat16(), "wm": torch.ones(64).bfloat16()}
+    ex = build_executor(compile_for_run(load_plan(write(tmp_path, text))), {k: v.clone() for k, v in w.items()})
+    with pytest.raises(ValueError, match="weight 'wm' must be bf16\\[64\\]"):
+        load_weights(ex, {"wn": torch.full((64,), 2.0).bfloat16(), "wm": torch.ones(64)})
+    assert torch.equal(ex._weights["wn"], w["wn"])  # the good entry was not written either
 
 
 def test_weights_that_are_not_the_plans_are_named_as_such(alias):
