@@ -232,11 +232,21 @@ def _nonnegative(op, s, probes, locs, field_locs) -> None:
     """Every dim an op makes is >= 0 at every probe: an extern's shape=, split sizes and view dims
     are written by hand, and a negative one would only fail inside an allocator at run time."""
     for i, d in enumerate(s.shape):
-        bad = [b for b in (probes.bindings if not isinstance(d, int) else [{}]) if eval_int(d, b) < 0]
+        field = next((f for f in ("shape", "shapes", "sizes") if f in field_locs.get(op.id, {})), None)
+        loc = field_locs.get(op.id, {}).get(field) if field else None
+        bad = []
+        for b in probes.bindings if not isinstance(d, int) else [{}]:
+            try:
+                v = eval_int(d, b)
+            except ExprError as e:  # num_tokens / 2 at an odd size, % 0, an overflow
+                at = ", ".join(f"{k}={x}" for k, x in b.items())
+                raise PlanError.at(loc or locs.get(op.id), e.code, f"{op.op} '{op.id}': dim {i} of '{s.name}'"
+                                   f" ({fmt_dim(d)}): {e.message}" + (f" at {at}" if at else ""), e.hint) from None
+            if v < 0:
+                bad.append(b)
+                break
         if bad:
             at = ", ".join(f"{k}={v}" for k, v in bad[0].items())
-            field = next((f for f in ("shape", "shapes", "sizes") if f in field_locs.get(op.id, {})), None)
-            loc = field_locs.get(op.id, {}).get(field) if field else None
             raise PlanError.at(loc or locs.get(op.id), "shape", f"{op.op} '{op.id}': dim {i} of '{s.name}'"
                                f" {fmt_shape(s.shape)} is {fmt_dim(d)}, negative" + (f" at {at}" if at else "")
                                + "; sizes must be >= 0 at every size the dims allow")
@@ -283,6 +293,7 @@ def check_inplace(ops, tensors, outputs, locs, field_locs, op_ctx=None) -> None:
             others = [r for r in readers.get(n, []) if r != o.id and not _exclusive(ctx.get(o.id), ctx.get(r))]
             if others:
                 raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', which '{others[0]}'"
-                                   " also reads; drop inplace or let this op be its last reader")
+                                   " also reads; drop inplace or copy it first: an in-place op must be the only reader of what it"
+                                   " overwrites")
             if n in outs:
                 raise PlanError.at(loc, "shape", f"{o.op} '{o.id}': inplace overwrites '{n}', a plan output")

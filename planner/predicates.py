@@ -149,12 +149,18 @@ def check_gate_values(e: Expr, tensors, inner: set) -> None:
     """What a gate's folded form shows wrong before it ever runs: dim(t, i) with a constant i
     outside t's rank (tensors: name -> spec with .rank), a division by a constant zero, and a
     tensor the gate's own region makes (inner: a gate is decided before its region runs)."""
+    if isinstance(e, Bin) and e.op == "/":
+        raise ExprError(f"'{unparse(e)}': '/' must divide exactly, which a gate over sizes cannot promise; use //"
+                        " (floor) or % (remainder), or compare products (2 * x == num_tokens)", e.pos, "type")
     if isinstance(e, Call):
         if e.fn in ("contiguous", "dtype", "dim") and e.args and isinstance(e.args[0], Name):
             t = e.args[0].id
             if t in inner:
                 raise ExprError(f"the gate reads '{t}', which its own region makes: a gate is decided before"
                                 " the region runs", e.pos, "cycle")
+            if e.fn == "dim" and len(e.args) == 2 and not isinstance(e.args[1], Num):
+                raise ExprError(f"dim({t}, {unparse(e.args[1])}): the axis must be a constant (an integer or an"
+                                " expression of params), not a size or fact of the call", e.pos, "type")
             if e.fn == "dim" and len(e.args) == 2 and isinstance(e.args[1], Num) and t in tensors:
                 i, r = e.args[1].value, tensors[t].rank
                 if not -r <= i < r:

@@ -146,6 +146,7 @@ class Expander:
         self.blocks = blocks      # name -> (doc dict, Source, path)
         self.ops: list[RawOp] = []
         self.regions: list[RegionRaw] = []
+        self.region_locs: dict[str, object] = {}  # region id -> where it was first written
         self.instances: dict[str, int] = {}
         self.block_stack: list[str] = []
         self.globals: set = set()
@@ -345,6 +346,8 @@ class Expander:
                 raise PlanError.at(src.loc(vp + ("when",)), "variant",
                                    f"the last variant ('{name}') is the fallback and must not have 'when'",
                                    "add a variant without 'when' at the end")
+            if isinstance(when, str):  # {L} of a for-loop names this pass's tensors, as in ops
+                when = self.interp(when, env, src.value_loc(vp + ("when",)))
             meta.append((name, None if when is None else str(when).lower() if isinstance(when, bool) else when,
                          src.value_loc(vp + ("when",)), src.loc(vp)))
         if len(vlist) > MAX_VARIANTS:
@@ -352,6 +355,12 @@ class Expander:
                                " (budget 'variants')")
         if len(self.regions) >= MAX_REGIONS:
             raise PlanError.at(loc, "limit", f"the plan has more than {MAX_REGIONS:,} regions (budget 'regions')")
+        first = self.region_locs.get(rid)
+        if first is not None:
+            raise PlanError.at(src.loc(path[:-1] + ("region",)) if path else loc, "dup",
+                               f"region '{rid}' is defined twice (first at {first})",
+                               "name each region once; in a for-loop, with the loop variable (region: moe{L})")
+        self.region_locs[rid] = src.loc(path[:-1] + ("region",)) if path else loc
         visible = ScopeView(scope)  # resolved on use: a snapshot per region made many regions quadratic
         self.regions.append(RegionRaw(rid, meta, [scope.resolve(n) if n in scope.names else n for n in outputs], loc,
                                       visible, scope.ctx))

@@ -344,9 +344,9 @@ def _regions(ex: Expander, params, dims, tuned, tensors, ops, op_ctx) -> dict[st
                     "variant", f"gate of variant '{name}' uses {' and '.join(rv)}, which can differ between ranks, but region"
                     f" '{r.id}' has collectives: ranks could pick different variants and hang", wloc,
                     "gate regions with collectives on rank-uniform facts only (params, dims, capturing, tuned.*)")])
-            simp = simplify_gate(rename_tensors(ast, r.names), params)
             inner = set(r.outputs) | {n for o in members for n in o.out}
             try:
+                simp = simplify_gate(rename_tensors(ast, r.names), params)
                 check_gate_values(simp, tensors, inner)
             except ExprError as e:
                 raise PlanError.at(wloc, e.code, f"gate of variant '{name}': {e.message}") from None

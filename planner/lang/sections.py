@@ -330,7 +330,12 @@ def tensor_decl(name, raw, kind, src: Source, path, params, dims, probes) -> Ten
             if n not in dims:
                 raise PlanError.at(vloc.shift(it.pos), "name", f"unknown name '{n}' in the shape of '{name}'"
                                    + TUNED_IN_DIM * n.startswith("tuned."), did_you_mean(n, list(params) + list(dims)))
-        if any(v < 0 for v in probes.values(d)):
+        try:
+            negative = any(v < 0 for v in probes.values(d))
+        except ExprError as e:  # 1 / 2 at one of the sizes, a division by zero, an overflow
+            raise PlanError.at(vloc.shift(it.pos), e.code, f"dim '{unparse(it)}' of '{name}': {e.message}",
+                               e.hint) from None
+        if negative:
             raise PlanError.at(vloc.shift(it.pos), "shape", f"dim '{unparse(it)}' of '{name}' can be negative")
         dims_out.append(d)
     # meta["contiguous"]: declared (the executor then checks it at the call); unset, contiguity is
