@@ -93,3 +93,18 @@ def test_the_in_place_hint_states_the_rule(tmp_path):
                    "  - s: copy(x)\n  - y, z: add_rmsnorm(s, res, wn, inplace=true)\n",
                    HEADER.replace("weights:\n", "weights:\n  wn: bf16[hidden]\n"))
     assert "an in-place op must be the only reader of what it overwrites" in d.message, d
+
+
+def test_a_block_call_id_used_twice_is_located_at_the_second_call(tmp_path):
+    head = HEADER + """blocks:
+  lin:
+    args: [x, w]
+    outputs: [y]
+    ops:
+      - t: gemm(x, w)
+      - y: copy(t)
+"""
+    d = diagnostic(tmp_path, "outputs: [y2]\nops:\n  - y1: lin(x, w, id=proj)\n  - y2: lin(y1[:, :32], w, id=proj)\n",
+                   head.replace("w: bf16[32, hidden]", "w: bf16[hidden, hidden]"))
+    assert d.code == "dup" and "block call id 'proj' is used twice (first at" in d.message, d
+    assert (d.loc.line, d.loc.col) == (24, 31), d  # at proj of the second call

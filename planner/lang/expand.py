@@ -148,6 +148,7 @@ class Expander:
         self.regions: list[RegionRaw] = []
         self.region_locs: dict[str, object] = {}  # region id -> where it was first written
         self.instances: dict[str, int] = {}
+        self.instance_locs: dict[str, object] = {}  # block call id= -> where it was given
         self.block_stack: list[str] = []
         self.globals: set = set()
         self.empty_loops: list = []  # [(loc, 'VAR in EXPR', values)] of 'for' blocks that expanded to nothing
@@ -658,6 +659,12 @@ class Expander:
                                f"block '{name}' returns {len(bouts)} tensors ({', '.join(bouts)}), but {len(outs)} names are given")
         if inst is not None:
             inst_id = scope.prefix + (inst.id if isinstance(inst, Name) else str(getattr(inst, "value", inst)))
+            here = loc.shift(getattr(inst, "pos", 0))
+            first = self.instance_locs.get(inst_id)
+            if first is not None:
+                raise PlanError.at(here, "dup", f"block call id '{inst_id}' is used twice (first at {first})",
+                                   "give each call its own id= (in a for-loop, with the loop variable: id=proj{L})")
+            self.instance_locs[inst_id] = here
         else:
             k = self.instances.get(name, 0)
             self.instances[name] = k + 1
