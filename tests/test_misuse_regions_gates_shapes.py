@@ -108,3 +108,15 @@ def test_a_block_call_id_used_twice_is_located_at_the_second_call(tmp_path):
                    head.replace("w: bf16[32, hidden]", "w: bf16[hidden, hidden]"))
     assert d.code == "dup" and "block call id 'proj' is used twice (first at" in d.message, d
     assert (d.loc.line, d.loc.col) == (24, 31), d  # at proj of the second call
+
+
+def test_columns_inside_a_for_loop_are_the_written_ones(tmp_path):
+    """x{L} is read as x0: an error after it was reported 2 columns early per substitution."""
+    head = HEADER.replace("  x: bf16[num_tokens, hidden]", "  x0: bf16[num_tokens, hidden]").replace(
+        "w: bf16[32, hidden]", "w: bf16[hidden, hidden]")
+    body = "outputs: [x2]\nops:\n  - for: L in [0, 1]\n    ops:\n      - x{L + 1}: add(x{L}, gemm(x{L}, ww))\n"
+    d = diagnostic(tmp_path, body, head)
+    lines = (tmp_path / "plan.yaml").read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "ww" in ln)
+    assert (d.loc.line, d.loc.col) == (at + 1, lines[at].index("ww") + 1), d
+    assert "reads undefined tensor 'ww'" in d.message

@@ -68,6 +68,21 @@ _INTERP = re.compile(r"\{([^{}]*)\}")
 FOR_CLAUSE = re.compile(r"^\s*([A-Za-z_]\w*)\s+in\s+(.+)$", re.S)
 
 
+@dataclass(frozen=True)
+class _SubstLoc(Loc):
+    """A Loc of text written with {expr} substitutions: shift() takes a column of the substituted
+    text to the written one (inside a substitution: its '{')."""
+    spans: tuple = ()
+
+    def shift(self, dcol: int) -> Loc:
+        orig = dcol
+        for start, end, ostart, oend in self.spans:
+            if dcol < start:
+                break
+            orig = ostart if dcol < end else dcol - end + oend
+        return Loc(self.file, self.line, self.col + orig)
+
+
 @dataclass
 class RawOp:
     d: dict                      # fields for the pydantic op model
@@ -154,6 +169,20 @@ class Expander:
         self.empty_loops: list = []  # [(loc, 'VAR in EXPR', values)] of 'for' blocks that expanded to nothing
 
     # ------------------------------------------------------------ helpers
+
+    def interp_located(self, text: str, env: dict, loc: Loc) -> tuple[str, Loc]:
+        """interp, and a loc whose shifts (positions in the substituted text) land on the source's
+        columns: x{L} written is x0 read, so later columns move back by the difference."""
+        out = self.interp(text, env, loc)
+        if out == text or not loc.line:
+            return out, loc
+        spans, delta = [], 0  # (start, end) in the substituted text -> start in the written one
+        for m in _INTERP.finditer(text):
+            start = m.start() + delta
+            value = self.interp(m.group(0), env, loc)
+            spans.append((start, start + len(value), m.start(), m.end()))
+            delta += len(value) - (m.end() - m.start())
+        return out, _SubstLoc(loc.file, loc.line, loc.col, tuple(spans))
 
     def interp(self, text: str, env: dict, loc: Loc) -> str:
         if "{" not in text:
@@ -475,7 +504,7 @@ class Expander:
         vloc = src.value_loc(e.path + (key,))
         if not isinstance(value, str):
             raise PlanError.at(vloc, "schema", f"'{key}' must map to a call such as 'gemm(x, w)'")
-        text = self.interp(value, env, vloc)
+        text, vloc = self.interp_located(value, env, vloc)
         try:
             ast = parse(text)
         except ExprError as ex:
