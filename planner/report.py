@@ -44,12 +44,14 @@ def _gate_of(cp: Compiled, ctx: tuple) -> str | None:
     for rid, vname in ctx:
         vs = cp.variants.get(rid) or cp.plan.regions[rid].variants
         v = next((x for x in vs if x.name == vname), None)
-        if v is None or v.when is None:
-            earlier = [x.name for x in vs if x.name != vname]
-            parts.append("otherwise" if earlier else "always")
+        if v is None or v.when is None:  # the fallback: none of the gates before it
+            earlier = [x.when_text for x in vs if x.name != vname and x.when is not None]
+            if earlier:
+                parts.append(f"not ({' or '.join(earlier)})" if len(earlier) > 1 or " " in earlier[0]
+                             else f"not {earlier[0]}")
         else:
-            parts.append(v.when_text)
-    return " and ".join(parts)
+            parts.append(f"({v.when_text})" if " or " in v.when_text and len(ctx) > 1 else v.when_text)
+    return " and ".join(parts) or "always"
 
 
 def _estimates(cp: Compiled, cfg) -> tuple[list[dict], list[str]]:
