@@ -49,6 +49,7 @@ from .pack_layout import (
     copy_or_leave_out,
     estimate,
     layout,
+    operands,
     pack_dim,
 )
 from .packed_views import Readers
@@ -311,12 +312,7 @@ def _max_bytes(cp: Compiled, name: str) -> int:
 
 def _rewrite(cp: Compiled, members: list[str], lay: Layout, bid: str, ictx) -> dict:
     g = cp.graph
-    ops = [g.nodes[m]["op"] for m in members]
-    ctx = g.nodes[members[0]]["ctx"]
-    xs = [o.x for o in ops]
-    specs = [cp.tensors[x] for x in xs]
-    coll_dim = getattr(ops[0], "dim", None)
-    coll_dim = None if coll_dim is None else coll_dim % specs[0].rank
+    ops, ctx, xs, specs, coll_dim = operands(cp, members)
     p = lay.p
     # an input an earlier bucket's producer already writes into that bucket's slot is a view now
     inplace = [x for x in lay.inplace if not cp.tensors[x].alias_of]

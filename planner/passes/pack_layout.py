@@ -12,7 +12,7 @@ from ..graph import Compiled
 from ..shapes import nbytes_at
 
 __all__ = ["INPLACE_WRITERS", "Layout", "layout", "estimate", "copy_or_leave_out", "pack_dim", "strided",
-           "strided_write_pays", "at_text"]
+           "strided_write_pays", "at_text", "operands"]
 
 
 INPLACE_WRITERS = {"gemm", "add", "copy"}
@@ -89,17 +89,22 @@ def _slot_refusal(cp: Compiled, cfg, x: str, xs: list[str], ctx, p: int, views, 
     return None
 
 
-def layout(cp: Compiled, cfg, members: list[str], views) -> Layout:
-    """Of the dims the bucket can pack along, the one that copies the fewest results out of the
-    packed result (a reader that needs one whole), then the fewest inputs into it, then the
-    preferred one (the last dim, then the first ones in order)."""
+def operands(cp: Compiled, members: list[str]) -> tuple:
+    """(ops, variant context, inputs, their specs, the collective's dim or None) of a bucket."""
     g = cp.graph
     ops = [g.nodes[m]["op"] for m in members]
-    ctx = g.nodes[members[0]]["ctx"]
     xs = [o.x for o in ops]
     specs = [cp.tensors[x] for x in xs]
     coll_dim = getattr(ops[0], "dim", None)
     coll_dim = None if coll_dim is None else coll_dim % specs[0].rank
+    return ops, g.nodes[members[0]]["ctx"], xs, specs, coll_dim
+
+
+def layout(cp: Compiled, cfg, members: list[str], views) -> Layout:
+    """Of the dims the bucket can pack along, the one that copies the fewest results out of the
+    packed result (a reader that needs one whole), then the fewest inputs into it, then the
+    preferred one (the last dim, then the first ones in order)."""
+    ops, ctx, xs, specs, coll_dim = operands(cp, members)
     tried = []
     for i, p in enumerate(_pack_dims(specs, cp.probes, coll_dim)):
         unpack = {}
