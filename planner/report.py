@@ -316,7 +316,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
             upper = ", ".join(f"{k}={d.hi}" for k, d in plan.dims.items())
             L.append(f"    buffers at {upper}: packed {_mib(b['packed_bytes_max'])}, result {_mib(b['out_bytes_max'])}")
         for nf in fus["not_fused"][:10]:
-            L.append(st.yellow(f"  not fused: {nf['ops'][0]} + {nf['ops'][1]}: {nf['reason']}"))
+            L.append(st.yellow(f"  not fused: {' + '.join(nf['ops'])}: {nf['reason']}"))
         if len(fus["not_fused"]) > 10:
             L.append(f"  ... {len(fus['not_fused']) - 10} more near misses (see --emit json)")
 

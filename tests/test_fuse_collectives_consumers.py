@@ -259,3 +259,48 @@ ops:
 """, H.replace("  tp: 2\n", "  tp: 2\n  dp: 2\n")))
     assert [b["packing"] for b in f["buckets"]] == ["inplace", "mixed"]
     assert f["buckets"][1]["why"] == "1 of 2 written in place (c); copied: a (views of other tensors)"
+
+
+def test_model_code_reading_a_packed_result_gets_it_whole(tmp_path):
+    """An extern was written for the whole tensor the plan gives it (it may view it, or hand it to
+    a kernel that needs it contiguous): its result is copied out of the packed one."""
+    cp = compiled(tmp_path, """
+outputs: [q_full, k_rot]
+ops:
+  - q_full: all_gather(k, tp)
+  - k_full: all_gather(v, tp)
+  - k_rot: extern(rope_like, k_full, shape=[num_tokens * 2, 64])
+""", H)
+    (b,) = fusion(cp)["buckets"]
+    assert [u["tensor"] for u in b["unpack_copies"]] == ["k_full"], b
+    assert "model code 'k_rot' (rope_like) is given 'k_full'" in b["unpack_copies"][0]["why"]
+    assert not cp.tensors["q_full"].contiguous  # a plan output stays a view (documented)
+
+
+def test_shards_and_gates_of_packed_results_run_as_written(tmp_path, capsys):
+    """A shard of a packed piece is a view of a strided tensor: the executor hands it over
+    contiguous as the plan declares, so a view of it runs and a contiguous() gate picks the
+    variant the reference picks (it crashed in view / picked the other variant)."""
+    from planner.cli import main
+    path = write(tmp_path, H.lstrip("\n") + """
+outputs: [y, heads, vf]
+ops:
+  - kf: all_gather(k, tp, dim=1)
+  - vf: all_gather(v, tp, dim=1)
+  - ks: shard(kf, tp)
+  - heads: view(ks, [ceil_div(num_tokens, 2), 8, 16])
+  - region: r
+    outputs: [y]
+    variants:
+      - name: fast
+        when: contiguous(ks)
+        ops:
+          - y: copy(ks)
+      - name: slow
+        ops:
+          - y: copy(ks, dtype=bf16)
+""")
+    for n in ("8", "3"):
+        rc = main(["run", str(path), "--check", "--num-tokens", n])
+        out = capsys.readouterr().out
+        assert rc == 0 and "result: OK (3 outputs x 2 rank(s))" in out, out

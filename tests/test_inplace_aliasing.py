@@ -183,8 +183,8 @@ def test_collectives_whose_results_are_written_in_place_are_not_packed(tmp_path)
                                                                 verify_each=True))
     rep = cp.report["fuse-collectives"]
     assert not rep["buckets"]
-    assert {"ops": ["ra", "any collective"], "reason": "its result 'ra' is overwritten in place by 'y'"} \
-        in rep["not_fused"]
+    assert {"ops": ["ra"], "reason": "not packed with any collective: its result 'ra' is overwritten in place"
+                                     " by 'y'"} in rep["not_fused"]
 
 
 EXCL = """

@@ -261,7 +261,10 @@ def _shard(op, bctx):
             y.narrow(d, 0, n).copy_(x)
             x = y
         chunk = x.shape[d] // size
-        return _into(out, x.narrow(d, rank * chunk, chunk))
+        r = x.narrow(d, rank * chunk, chunk)
+        # the plan declares a shard contiguous (views and contiguous() gates read it so): a chunk of
+        # a strided input (a packed collective's piece) or along a later dim is copied
+        return _into(out, r if r.is_contiguous() else r.contiguous())
     return run
 
 

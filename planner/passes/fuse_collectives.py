@@ -176,12 +176,12 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
     writes = {t: v for v, d in g.nodes(data=True) for t in written_in_place(d["op"])}  # tensor -> its writer
     for v in [v for v in cands if set(g.nodes[v]["op"].out) & writes.keys()]:
         o = next(n for n in g.nodes[v]["op"].out if n in writes)
-        report["not_fused"].append({"ops": [v, "any collective"],
-                                    "reason": f"its result '{o}' is overwritten in place by '{writes[o]}'"})
+        report["not_fused"].append({"ops": [v], "reason": f"not packed with any collective: its result '{o}' is"
+                                                          f" overwritten in place by '{writes[o]}'"})
         cands.remove(v)
     for v in a2a:
-            report["not_fused"].append({"ops": [v, "any collective"],
-                                        "reason": "all_to_all is never fused (per-peer chunks would interleave)"})
+            report["not_fused"].append({"ops": [v], "reason": "all_to_all is never fused (per-peer chunks would"
+                                                              " interleave)"})
     if len(cands) < 2:
         return cp, False
 

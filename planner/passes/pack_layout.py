@@ -82,7 +82,7 @@ def _slot_refusal(cp: Compiled, cfg, x: str, xs: list[str], ctx, p: int, views, 
     hit = views.trouble(x, p != 0, skip=members)
     if hit:
         return "reshaped by a view, which needs them contiguous" if hit[0] == "view" else hit[1]
-    if cfg.packing != "inplace" and not strided_write_pays(pop.op, cfg):
+    if cfg.packing != "inplace" and strided(t, p) and not strided_write_pays(pop.op, cfg):
         f = cfg.profile.strided_write_factor
         return (f"made by {pop.op}: an elementwise write into a strided slot costs {f:g}x a contiguous"
                 " one, so producing contiguously and copying in the pack is cheaper")

@@ -3,8 +3,9 @@
 Packing turns a member's input into a slot of the packed buffer (when its producer writes in
 place) and its result into a piece of the packed result: views of one buffer, strided unless
 they are cut along dim 0. Some readers cannot take such a view: a view needs a contiguous input,
-an in-place norm a buffer of its own, and a gate that asks contiguous(t) would pick another
-variant than the plan as written. They are found by inferring the readers again (through
+an in-place norm a buffer of its own, a gate that asks contiguous(t) would pick another
+variant than the plan as written, and model code was written for the whole tensor the plan
+gives it (it may view or hand it to a kernel that needs it contiguous). They are found by inferring the readers again (through
 split, slice and select, whose results are views of what they read) with the tensor as the view
 it would become: what fails there would fail verification, or at run time, after the rewrite.
 """
@@ -76,6 +77,8 @@ class Readers:
                 if r in skip:
                     continue
                 op = cp.graph.nodes[r]["op"]
+                if op.op == "extern" and not over[t].contiguous:  # model code got it whole as written
+                    return "contiguous", f"model code '{r}' ({op.fn}) is given '{t}', as written a whole tensor"
                 ctx.op = op
                 try:
                     specs = op.infer(ctx)
