@@ -26,6 +26,18 @@ stand-ins (executors.tools.externs). With --check every output is compared with 
 single-stream plan: bit-exact for data movement, allclose where arithmetic is involved."""
 
 
+
+def _seconds(text: str) -> float:
+    """A --timeout: a finite number of seconds > 0."""
+    import math
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return v
+
 def _color() -> bool:
     return sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
 
@@ -137,7 +149,7 @@ def _add_viz(sub) -> None:
                    help="stream bound, as compile's --streams (default: the plan's streams)")
     p.add_argument("--lanes", choices=["inner", "outer"], default="inner",
                    help="inner: stream lanes inside each region/variant box (default); outer: one column per stream")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds Graphviz may take (default 120)")
+    p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds Graphviz may take (default 120)")
     p.set_defaults(handler="planner.viz.commands:cmd_viz")
 
     t = sub.add_parser("timeline", help="draw measured per-stream timelines (Gantt) from records JSON",
@@ -166,7 +178,7 @@ def _add_run(sub) -> None:
     p.add_argument("--same-weights", action="store_true",
                    help="draw every weight the same on every rank (replicated weights); by default each rank"
                         " draws its own, as TP shards are")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SEC", help="give up on the ranks after this")
+    p.add_argument("--timeout", type=_seconds, default=300.0, metavar="SEC", help="give up on the ranks after this")
     _emit(p)
     p.add_argument("--timeline", metavar="FILE", help="also record when each op ran on each stream (rank 0) and draw"
                    " it: .png/.svg picture, or .json records (CUDA events on GPU, wall clock on CPU)")

@@ -78,7 +78,7 @@ def tuned_config(plan, tuning: dict | None = None, device: str = DEFAULT_DEVICE,
 def check_stream_bound(n: int | None) -> None:
     """--streams N of compile, run and viz: None (the plan's streams) or 1..MAX_STREAMS."""
     if n is not None and not 1 <= n <= MAX_STREAMS:  # each stream pairs with every other in the hazard walk
-        raise PlanError.at(None, "schema", f"--streams must be 1..{MAX_STREAMS}, got {n}")
+        raise PlanError.at(None, "param", f"--streams must be 1..{MAX_STREAMS}, got {n}")
 
 
 def config_from_args(args, plan=None) -> CompileConfig:
@@ -89,10 +89,10 @@ def config_from_args(args, plan=None) -> CompileConfig:
     profile = DeviceProfile.load(getattr(args, "device_profile", None))
     check_stream_bound(args.streams)
     if not 0 < args.bucket_cap_mb < float("inf"):  # NaN fails too; 0 would make every bucket too big
-        raise PlanError.at(None, "schema", f"--bucket-cap-mb must be a finite number > 0, got {args.bucket_cap_mb}",
+        raise PlanError.at(None, "param", f"--bucket-cap-mb must be a finite number > 0, got {args.bucket_cap_mb}",
                            "to turn collective fusion off, use --disable-pass fuse-collectives")
     if not (args.min_gain_us >= 0 and args.min_gain_us != float("inf")):  # NaN fails the first test
-        raise PlanError.at(None, "schema", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
+        raise PlanError.at(None, "param", f"--min-gain-us must be a finite number >= 0, got {args.min_gain_us}")
     return tuned_config(
         plan, tuning, source=source or "", profile=profile,
         disable_passes=set(args.disable_pass), num_streams=args.streams, bucket_cap_mb=args.bucket_cap_mb,

@@ -21,7 +21,7 @@ __all__ = ["compile_plan", "CompileConfig", "PASS_NAMES"]
 def check_pass_names(names) -> None:
     for n in names:
         if n not in PASS_NAMES:
-            raise PlanError.at(None, "schema", f"unknown pass '{n}' (passes: {', '.join(PASS_NAMES)})",
+            raise PlanError.at(None, "param", f"unknown pass '{n}' (passes: {', '.join(PASS_NAMES)})",
                                did_you_mean(n, PASS_NAMES))
 
 
@@ -47,7 +47,11 @@ def _compile(plan: Plan, cfg: CompileConfig) -> Compiled:
     check_pass_names(cfg.disable_passes | cfg.dump_after | ({cfg.stop_after} if cfg.stop_after else set()))
     bad = REQUIRED & cfg.disable_passes
     if bad:
-        raise PlanError.at(None, "schema", f"pass '{sorted(bad)[0]}' cannot be disabled: the executor needs it")
+        raise PlanError.at(None, "param", f"pass '{sorted(bad)[0]}' cannot be disabled: the executor needs it")
+    off = sorted((cfg.dump_after | ({cfg.stop_after} if cfg.stop_after else set())) & cfg.disable_passes)
+    if off:
+        raise PlanError.at(None, "param", f"pass '{off[0]}' is disabled, so nothing can be shown after it",
+                           "drop it from --disable-pass, or name a pass that runs")
     cp = build_graph(plan)
     cp.report["config"] = config_summary(cfg)
     if cfg.verify_each:

@@ -390,3 +390,14 @@ def test_timeline_busy_time_counts_overlapping_ops_once(tmp_path, capsys):
     assert main(["timeline", str(p), "-o", str(tmp_path / "t.svg")]) == 0
     svg = (tmp_path / "t.svg").read_text()
     assert "main busy 4.0 us" in svg and "main busy 5.0" not in svg
+
+
+def test_viz_variant_removed_by_the_compile_and_after_a_disabled_pass_are_refused(tmp_path, capsys):
+    """--variant two_branch at tp_size 4 (dce removes it) drew only the region's selects; --after
+    a disabled pass drew the fully planned graph under its title."""
+    kda = str(Path(__file__).resolve().parent.parent / "plans" / "k3_kda_projection.yaml")
+    assert main(["viz", kda, "--set", "tp_size=4", "--variant", "two_branch", "-o", str(tmp_path / "a.dot")]) == 2
+    assert "the compile removed variant 'two_branch'" in capsys.readouterr().err
+    assert main(["viz", kda, "--after", "dce", "--disable", "dce", "-o", str(tmp_path / "b.dot")]) == 2
+    assert "pass 'dce' is disabled, so nothing can be shown after it" in capsys.readouterr().err
+    assert main(["viz", kda, "--timeout", "-1", "-o", str(tmp_path / "c.png")]) != 0

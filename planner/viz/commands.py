@@ -84,7 +84,9 @@ def cmd_viz(args) -> int:
         fallback = (out or Path("plan.svg")).with_suffix(".dot")
         write_bytes(fallback, dot_text)
         _note(f"cannot draw {fmt}: {exc}")
-        _note(f"wrote the DOT text to {fallback} instead (render it later with `dot -T{fmt} {fallback}`)")
+        how = (f"`dot -T{fmt} {fallback}`" if fmt != "html" else
+               f"`dot -Tsvg {fallback}` (the html page wraps that SVG), or `planner viz` again with Graphviz installed")
+        _note(f"wrote the DOT text to {fallback} instead (render it later with {how})")
         return 1
     if fmt == "html":
         data = html_page(data.decode("utf-8", errors="replace"), f"plan {plan.name}").encode()

@@ -72,8 +72,15 @@ def _double_border(op) -> bool:
 def select_variant(cp, name: str) -> set[str]:
     """Nodes to keep when only variant `name` is shown (regions without it keep all)."""
     regions = cp.plan.regions
-    have = {r for r, reg in regions.items() if any(v.name == name for v in reg.variants)}
+    live = getattr(cp, "variants", None)
+    live = {r: live.get(r, []) for r in regions} if live is not None else {r: reg.variants for r, reg in regions.items()}
+    have = {r for r, vs in live.items() if any(v.name == name for v in vs)}
     if not have:
+        written = {r for r, reg in regions.items() if any(v.name == name for v in reg.variants)}
+        if written:  # the compile removed it (its gate folds to false for these params)
+            raise PlanError.at(None, "variant", f"--variant {name}: the compile removed variant '{name}' from"
+                               f" {len(written)} region(s) ({sorted(written)[0]}, ...): its gate is false for these"
+                               " params (see the report's Dead code)", "pick a live variant, or --set the params it needs")
         names = sorted({v.name for reg in regions.values() for v in reg.variants})
         hint = did_you_mean(name, names) or (f"variants in this plan: {', '.join(names)}" if names
                                              else "this plan has no gated regions")
