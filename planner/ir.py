@@ -67,6 +67,7 @@ class Plan:
     streams: list[str] | None = None  # declared streams (main first); None = main + the planner's pool
     includes: list[str] = field(default_factory=list)
     group_params: dict[str, list[str]] = field(default_factory=dict)  # group -> params its size is written with
+    param_choices: dict[str, list] = field(default_factory=dict)     # param -> its declared choices
 
     def op(self, op_id: str):
         for o in self.ops:

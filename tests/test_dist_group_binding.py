@@ -53,3 +53,22 @@ ops:
                         "  - y: all_reduce(x, tp)\n", "u.yaml")
     assert main(["run", str(q), "--world-size", "3"]) == 2
     assert "write the group's size as one that divides 3" in capsys.readouterr().err
+
+
+def test_the_world_size_hint_keeps_to_the_params_choices(tmp_path, capsys):
+    p = write(tmp_path, """
+plan: t
+params:
+  tp_size: {value: 2, choices: [1, 2, 4, 8]}
+dims:
+  num_tokens: 1..8
+groups:
+  tp: tp_size
+inputs:
+  x: bf16[num_tokens, 16]
+outputs: [y]
+ops:
+  - y: all_reduce(x, tp)
+""")
+    assert main(["run", str(p), "--world-size", "6", "--set", "tp_size=8"]) == 2
+    assert "--set tp_size=1 or 2 (its choices that divide 6)" in capsys.readouterr().err

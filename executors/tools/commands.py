@@ -195,7 +195,11 @@ def _world(plan, given: int | None) -> int:
     for name, size in plan.groups.items():
         if world % size:
             made = plan.group_params.get(name) or []
-            how = (f"--set {made[0]}={world} or another size that divides {world}" if len(made) == 1 else
+            fits = [c for c in plan.param_choices.get(made[0], []) if type(c) is int and c > 0 and world % c == 0] \
+                if len(made) == 1 and made[0] in plan.param_choices else None
+            how = (f"--set {made[0]}={' or '.join(map(str, fits))} (its choices that divide {world})" if fits else
+                   f"no choice of {made[0]} divides {world}" if fits is not None else
+                   f"--set {made[0]}={world} or another size that divides {world}" if len(made) == 1 else
                    f"--set {', '.join(made)} (the group's size is made of them)" if made else
                    f"write the group's size as one that divides {world}")
             ranks = f"{need} ranks" if need == size else f"{need} ranks (every group size divides it)"

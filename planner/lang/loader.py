@@ -106,6 +106,8 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
     dims = dims_of(merged("dims"), params)
     groups = groups_of(merged("groups"), params)
     group_params = group_params_of(merged("groups"), params)
+    param_choices = {k: list(v["choices"]) for k, (v, _, _) in merged("params").items()
+                     if isinstance(v, dict) and isinstance(v.get("choices"), list)}
     tuned = {k: v for k, (v, _, _) in merged("tuned").items()}
     probes = Probes({k: (d.lo, d.hi) for k, d in dims.items()})
     blocks = {}
@@ -206,7 +208,7 @@ def _load_plan(path, overrides: dict, text: str | None) -> Plan:
         name=root.plan, file=root_src.file, params=params, dims=dims, groups=groups, tuned=tuned,
         tensors=tensors, inputs=inputs, weights=weights, outputs=outputs, ops=ops, regions=regions,
         op_ctx=op_ctx, locs=locs, doc=root.doc, streams=root.streams and declared, includes=[s.file for s, _ in tree[:-1]],
-        group_params=group_params,
+        group_params=group_params, param_choices=param_choices,
     )
 
 
