@@ -120,3 +120,11 @@ def test_columns_inside_a_for_loop_are_the_written_ones(tmp_path):
     at = next(i for i, ln in enumerate(lines) if "ww" in ln)
     assert (d.loc.line, d.loc.col) == (at + 1, lines[at].index("ww") + 1), d
     assert "reads undefined tensor 'ww'" in d.message
+
+
+@pytest.mark.parametrize("value, msg", [("true", "'tuned.lim' must be an integer (found true)"),
+                                        ("-3", "'tuned.lim' must be >= 0 (found -3)")])
+def test_a_tuned_limit_is_a_non_negative_integer(tmp_path, value, msg):
+    """As tuning files hold them: true was read as 1, a negative limit was taken."""
+    d = diagnostic(tmp_path, "outputs: [y]\nops:\n  - y: copy(x)\n", HEADER + f"tuned:\n  lim: {value}\n")
+    assert msg in d.message and d.loc.line > 0, d

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -14,6 +14,9 @@ __all__ = ["PlanDoc", "BlockDoc", "validate_doc", "pydantic_error", "load_tree"]
 
 MAX_INCLUDES = 64
 
+
+# a tuned limit: a non-negative integer, as tuning files hold them (true is not 1)
+TunedLimit = Annotated[int, Field(strict=True, ge=0)]
 
 class BlockDoc(BaseModel):
     """A reusable group of ops, inlined at every call with its own name scope."""
@@ -34,7 +37,7 @@ class PlanDoc(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     dims: dict[str, Any] = Field(default_factory=dict)
     groups: dict[str, Any] = Field(default_factory=dict)
-    tuned: dict[str, int] = Field(default_factory=dict)
+    tuned: dict[str, TunedLimit] = Field(default_factory=dict)
     streams: list[str] | None = Field(None, description="The streams the plan may use, main first; pins must name one.")
     inputs: dict[str, Any] = Field(default_factory=dict)
     weights: dict[str, Any] = Field(default_factory=dict)
@@ -58,6 +61,8 @@ def type_words(err: dict) -> str | None:
     """How a pydantic error reads in the plan's words ("must be an integer"), or None."""
     if err["type"] == "literal_error":
         return err["msg"].replace("Input should be", "must be")
+    if err["type"] == "greater_than_equal" and "ge" in (err.get("ctx") or {}):
+        return f"must be >= {err['ctx']['ge']}"
     return _TYPE_WORDS.get(err["type"])
 
 
@@ -74,7 +79,8 @@ def pydantic_error(exc: ValidationError, src: Source, base: tuple, model_fields=
             hint = did_you_mean(str(loc[-1]), model_fields)
         found = ""
         if err["type"] not in ("missing", "extra_forbidden") and "input" in err:
-            found = f" (found {err['input']!r:.60})"
+            v = err["input"]
+            found = f" (found {str(v).lower() if isinstance(v, bool) else repr(v):.60})"
         diags.append(Diagnostic("schema", f"'{field}' {word}{found}", src.loc(base + loc), hint))
     return PlanError(diags)
 
