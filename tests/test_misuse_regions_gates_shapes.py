@@ -128,3 +128,12 @@ def test_a_tuned_limit_is_a_non_negative_integer(tmp_path, value, msg):
     """As tuning files hold them: true was read as 1, a negative limit was taken."""
     d = diagnostic(tmp_path, "outputs: [y]\nops:\n  - y: copy(x)\n", HEADER + f"tuned:\n  lim: {value}\n")
     assert msg in d.message and d.loc.line > 0, d
+
+
+@pytest.mark.parametrize("where", ["region", "variant"])
+def test_a_region_or_variant_doc_is_text(tmp_path, where):
+    body = "outputs: [y]\nops:\n" + region("r", "num_tokens <= 4")
+    body = body.replace("    outputs:", "    doc: [1, 2]\n    outputs:") if where == "region" else \
+        body.replace("      - name: a\n", "      - name: a\n        doc: 3\n")
+    d = diagnostic(tmp_path, body)
+    assert f"a {where}'s 'doc' must be text" in d.message and d.loc.line > 0, d

@@ -338,6 +338,8 @@ class Expander:
             if k not in allowed:
                 raise PlanError.at(src.loc(e.path + (k,)), "schema", f"unknown key '{k}' in a region",
                                    did_you_mean(k, allowed))
+        if "doc" in it and not isinstance(it["doc"], str):
+            raise PlanError.at(src.value_loc(e.path + ("doc",)), "schema", "a region's 'doc' must be text")
         if "region" in it and not (isinstance(it["region"], str) and re.fullmatch(r"[\w{}.+\- ]+", it["region"])):
             raise PlanError.at(src.loc(e.path + ("region",)), "schema",
                                f"'region' must be a name (found {it['region']!r:.40})")
@@ -358,6 +360,8 @@ class Expander:
                 if k not in ("name", "when", "ops", "doc"):
                     raise PlanError.at(src.loc(vp + (k,)), "schema", f"unknown key '{k}' in a variant",
                                        did_you_mean(k, ["name", "when", "ops", "doc"]))
+            if "doc" in v and not isinstance(v["doc"], str):
+                raise PlanError.at(src.value_loc(vp + ("doc",)), "schema", "a variant's 'doc' must be text")
             name = v.get("name")
             if not isinstance(name, str) or not IDENT.fullmatch(name):
                 raise PlanError.at(src.loc(vp), "variant", "every variant needs a 'name' (an identifier)")
