@@ -167,6 +167,9 @@ def cmd_compile(args) -> int:
     from .pipeline import compile_plan
     from .report import dumps_json, to_text
     from .verify import VerifyError
+    if args.output and Path(args.output).resolve() == Path(args.plan).resolve():
+        raise PlanError.at(None, "param", f"-o {args.output} is the plan file itself: the report would overwrite it",
+                           "write the report to another file")
     plan = load_plan(args.plan, parse_overrides(args.overrides))
     cfg = config_from_args(args, plan)
     try:

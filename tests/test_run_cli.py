@@ -166,3 +166,15 @@ def test_run_same_weights_lets_variants_that_need_a_replicated_weight_agree(tmp_
     assert main(args + ["--same-weights"]) == 0
     out = capsys.readouterr().out
     assert "the same weights on every rank" in out and "result: OK" in out
+
+
+def test_compile_does_not_write_its_report_over_the_plan(tmp_path, capsys):
+    import shutil
+    from pathlib import Path as _P
+
+    from planner.cli import main as _main
+    p = tmp_path / "p.yaml"
+    shutil.copy(_P(__file__).resolve().parent.parent / "plans" / "k3_sp_tail.yaml", p)
+    before = p.read_text()
+    assert _main(["compile", str(p), "-o", str(p)]) == 2
+    assert "is the plan file itself" in capsys.readouterr().err and p.read_text() == before
