@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 from .errors import Loc, PlanError, read_json
 from .expr import eval_int
@@ -82,6 +83,9 @@ class DeviceProfile:
                     v < 0 if low == 0 else v <= 0):
                 want = "a finite number >= 0" if low == 0 else "a finite number > 0"
                 raise PlanError.at(loc, "schema", f"{where}: '{k}' must be {want}, got {v!r}")
+        if path and "name" not in data and any(k != "name" for k in data):
+            # what the report names: the defaults with this file's fields
+            data["name"] = f"H200 defaults with {', '.join(sorted(data))} from {Path(path).name}"
         return cls(**data)
 
     def to_json(self) -> dict:

@@ -103,3 +103,12 @@ weights:
     d = e.diagnostics[0]
     assert "must include its maximum 256" in d.message and "sizes 65..256 would have no bucket" in d.message
     assert d.loc is not None and d.loc.line == 4
+
+
+def test_a_profile_file_without_a_name_is_named_by_what_it_changes(tmp_path):
+    from planner.cost import DeviceProfile
+    f = tmp_path / "prof.json"
+    f.write_text('{"p2p_gbps": 0, "coll_gbps": 100}')
+    assert DeviceProfile.load(str(f)).name == "H200 defaults with coll_gbps, p2p_gbps from prof.json"
+    f.write_text('{"name": "my box", "p2p_gbps": 0}')
+    assert DeviceProfile.load(str(f)).name == "my box"
