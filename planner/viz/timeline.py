@@ -64,7 +64,7 @@ def check_records(records) -> list[dict]:
             raise TimelineError(f"record {i} is not a mapping")
         miss = [k for k in ("stream", "op", "start_us", "end_us") if k not in r]
         if miss:
-            raise TimelineError(f"record {i} lacks {', '.join(miss)} (needs stream, op, kind, start_us, end_us)")
+            raise TimelineError(f"record {i} lacks {', '.join(miss)} (needs stream, op, start_us, end_us; kind is optional)")
         try:
             s, e = float(r["start_us"]), float(r["end_us"])
         except (TypeError, ValueError):
