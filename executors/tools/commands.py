@@ -166,18 +166,40 @@ def _timeline(plan, cfg, dev, dims, seed, tuning, ns, rank: int = 0, groups=None
             "variants": dict(ex.last_variants), "capturing": cuda or bool(ns.get("as_if_capturing"))}
 
 
-def _one_rank(body) -> dict:
-    """The single-process run, its failures reported like a rank's (a line, not a traceback)."""
+class _Overdue(BaseException):
+    """The single-rank run's alarm: not an Exception, so no handler inside the run takes it."""
+
+
+def _one_rank(body, timeout_s: float | None = None) -> dict:
+    """The single-process run, its failures reported like a rank's (a line, not a traceback), and
+    given up after timeout_s as the ranks of a multi-rank run are (an alarm: the main thread)."""
+    import signal
+    import threading
+
     from .ranks import RankFailure
+    timed = timeout_s is not None and threading.current_thread() is threading.main_thread() \
+        and hasattr(signal, "setitimer")
+    if timed:
+        def overdue(signum, frame):
+            raise _Overdue()
+        old = signal.signal(signal.SIGALRM, overdue)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         return _rank_body(0, 1, *body)
     except PlanError:
         raise
+    except _Overdue:
+        err = ("Timeout", f"no result within {timeout_s:g}s")
+        raise RankFailure({0: err}, {}, (0, *err)) from None
     except Exception as exc:  # the run's own failure, reported as one line with exit 1
         if os.environ.get("PLANNER_DEBUG"):
             traceback.print_exc()
         err = (type(exc).__name__, " ".join(str(exc).split())[:800])
         raise RankFailure({0: err}, {}, (0, *err)) from None
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
 
 
 def _world(plan, given: int | None) -> int:
@@ -273,7 +295,7 @@ def cmd_run(args) -> int:
     body = (args.plan, overrides, ns, args.device, args.check, dims, args.seed)
     try:
         if world == 1 and all(s == 1 for s in plan.groups.values()):
-            reports = [_one_rank(body)]
+            reports = [_one_rank(body, args.timeout)]
         else:
             reports = run_ranks(_rank_body, world, *body, backend="nccl" if args.device == "cuda" else "gloo",
                                 timeout_s=args.timeout)
