@@ -25,8 +25,8 @@ ex.op_layout_copies counts those copies. Outputs never alias inputs or weights (
 is cloned); several outputs may be disjoint views of one buffer (no output overlaps another).
 Plan inputs that model code run for its effects (extern effects=true: a KV-cache write) is given
 are declared written (Tensor(m0!)), so the compiled graph keeps the call and orders reads of
-them after it; such code given a weight, or a plan with no outputs whose effects write no
-input, is refused under torch.compile (the write would be invisible to it).
+them after it; such code given a weight, or a plan with no outputs (Inductor may drop the call),
+is refused under torch.compile.
 
 Run-time behaviour stays in the body: streams, events, gates (which read the real capture
 state, torch.cuda.is_current_stream_capturing(), when the op runs, not Dynamo's trace) and the
@@ -484,10 +484,11 @@ def compiled_call(ex, inputs: dict, dims: dict | None, out: dict | None):
                          " torch.compile cannot see (weights are not the op's arguments); declare that"
                          " state as a plan input (the op then declares it written), or call the executor"
                          " outside the compiled region")
-    if spec.effects and not spec.mutated and not spec.outputs:
-        raise InputError(f"plan '{ex.plan.name}' has no outputs and its model code run for effects"
-                         f" ({', '.join(spec.effects)}) writes no plan input: torch.compile would drop the call;"
-                         " pass the state it writes as a plan input")
+    if spec.effects and not spec.outputs:
+        raise InputError(f"plan '{ex.plan.name}' has no outputs, only model code run for effects"
+                         f" ({', '.join(spec.effects)}): Inductor may drop a call whose results nothing reads"
+                         " (it did with dynamic shapes under no_grad, though the op declares its writes); give the"
+                         " plan an output the model reads, or call the executor outside the compiled region")
     dims = dims_arg(ex, dims, sym=True)
     dv = [None if dims is None else dims.get(d) for d in spec.dims]
     if out is not None:

@@ -122,3 +122,14 @@ ops:
     with torch.no_grad():
         got = torch.compile(lambda t: ex(**{name: t})[out], fullgraph=True, dynamic=True)(x)
     torch.testing.assert_close(got, ex(**{name: x})[out])
+
+
+def test_a_plan_of_effects_only_is_refused_under_compile(tmp_path):
+    """No outputs: Inductor dropped the call (dynamic shapes, no_grad) though the op declares its
+    writes, so the cache was never written."""
+    text = KV.replace(" WRITES", ", writes=[kv_cache]").replace("outputs: [y]\n", "outputs: []\n").replace(
+        "  - y: gemm(k, w)\n", "")
+    ex = _kv(tmp_path, text)
+    with torch.no_grad(), pytest.raises(Exception, match="has no outputs, only model code run for effects"):
+        torch.compile(lambda k, i, c: ex(k=k, slot_ids=i, kv_cache=c), fullgraph=True, dynamic=True)(
+            torch.ones(3, 32).bfloat16(), torch.tensor([0, 1, 2]), torch.zeros(64, 32).bfloat16())

@@ -401,3 +401,12 @@ def test_viz_variant_removed_by_the_compile_and_after_a_disabled_pass_are_refuse
     assert main(["viz", kda, "--after", "dce", "--disable", "dce", "-o", str(tmp_path / "b.dot")]) == 2
     assert "pass 'dce' is disabled, so nothing can be shown after it" in capsys.readouterr().err
     assert main(["viz", kda, "--timeout", "-1", "-o", str(tmp_path / "c.png")]) != 0
+
+
+def test_viz_does_not_draw_over_the_plan(tmp_path, capsys):
+    import shutil
+    p = tmp_path / "p.yaml"
+    shutil.copy(Path(__file__).resolve().parent.parent / "plans" / "k3_sp_tail.yaml", p)
+    before = p.read_text()
+    assert main(["viz", str(p), "-o", str(p), "--format", "dot"]) == 2
+    assert "is the plan file itself" in capsys.readouterr().err and p.read_text() == before

@@ -63,6 +63,9 @@ def _fmt_of(path: Path | None, fmt: str | None) -> str:
 
 def cmd_viz(args) -> int:
     out = Path(args.output) if args.output else None
+    if out is not None and out.resolve() == Path(args.plan).resolve():
+        raise PlanError.at(None, "param", f"-o {args.output} is the plan file itself: the picture would overwrite it",
+                           "write the picture to another file")
     fmt = _fmt_of(out, args.format)
     plan = load_plan(args.plan, parse_overrides(args.overrides))
     cp, stage = compile_for_viz(plan, args.after, args.disable, args.streams)

@@ -79,7 +79,7 @@ def select_variant(cp, name: str) -> set[str]:
         written = {r for r, reg in regions.items() if any(v.name == name for v in reg.variants)}
         if written:  # the compile removed it (its gate folds to false for these params)
             raise PlanError.at(None, "variant", f"--variant {name}: the compile removed variant '{name}' from"
-                               f" {len(written)} region(s) ({sorted(written)[0]}, ...): its gate is false for these"
+                               f" {len(written)} region(s) ({sorted(written)[0]}{', ...' if len(written) > 1 else ''}): its gate is false for these"
                                " params (see the report's Dead code)", "pick a live variant, or --set the params it needs")
         names = sorted({v.name for reg in regions.values() for v in reg.variants})
         hint = did_you_mean(name, names) or (f"variants in this plan: {', '.join(names)}" if names
