@@ -17,6 +17,7 @@ import sys
 
 from .analysis import (
     allowed_buckets,
+    between_buckets,
     eager_only,
     group_label,
     never_running,
@@ -70,7 +71,11 @@ def _estimates(cp: Compiled, cfg) -> tuple[list[dict], list[str]]:
         if not allowed:
             if alike:
                 rid, vname = next(iter(choice.items()))
-                never.append((label, why_never(cp, rid, vname, tuned) or "it takes no call at any bucket"))
+                why = why_never(cp, rid, vname, tuned)
+                sizes = None if why else between_buckets(cp, ctx, tuned)
+                never.append((label, f"runs only in eager calls, at {cp.plan.token_dim} = {size_ranges(sizes)} between"
+                                     " the buckets (the estimate is per bucket)" if sizes else
+                              f"never runs: {why or 'it takes no call at any bucket'} (with these tuned limits)"))
             continue
         picks = []
         for b in (allowed[0], allowed[len(allowed) // 2], allowed[-1]):
@@ -393,7 +398,7 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                     L.append(st.dim(f"  {'':<{wv}}{'':<{wd}}{'':>12}{us:>15.1f}{gain:>7.2f}x"
                                     f"  its own stream plan ({d} {p['lo']}..{p['hi']})"))
         for name, why in never:
-            L.append(st.yellow(f"  {name}: never runs: {why} (with these tuned limits)"))
+            L.append(st.yellow(f"  {name}: {why}"))
 
     mem = cp.report.get("estimate-memory")
     if isinstance(mem, dict):
@@ -403,7 +408,9 @@ def to_text(cp: Compiled, cfg, color: bool | None = None, full: bool = False) ->
                                             " gates allow)"))
         for n, m in mem["variants"].items():
             at = ", ".join(f"{k}={v}" for k, v in m.get("bindings", mem["bindings"]).items()) or "static shapes"
-            dead = st.dim("  (never runs: sized at the dims' top for the record)") if m.get("never_runs") else ""
+            dead = st.dim("  (never runs: sized at the dims' top for the record)") if m.get("never_runs") else \
+                st.dim("  (eager calls only: at the largest size between the buckets that reaches it)") \
+                if m.get("eager_only") else ""
             L.append(f"  {n:<16} peak {_mib(m['peak_bytes'])} at {m['peak_at']} ({at}){dead}")
         L.append(f"  weights {_mib(mem['weights_bytes'])}, inputs {_mib(mem['inputs_bytes'])};"
                  f" fusion added {_mib(mem['fusion_added_bytes'])} (copies of members not written in place)")

@@ -129,3 +129,8 @@ ops:
     rows = {v["name"]: v for v in to_json(cp, CompileConfig())["variants"]}
     assert rows["plain"]["eager_only_sizes"] == [5, 6, 7] and rows["plain"]["never_runs"] is None
     assert rows["big"]["eager_only_sizes"] is None
+    # the estimate and memory tables say so too, and size it where eager calls reach it
+    assert "plain: runs only in eager calls, at num_tokens = 5..7 between the buckets" in text
+    assert "never runs" not in text
+    mem = cp.report["estimate-memory"]["variants"]["plain"]
+    assert mem["eager_only"] and mem["bindings"]["num_tokens"] == 7 and "never_runs" not in mem

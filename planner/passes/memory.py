@@ -11,7 +11,13 @@ producers write into is allocated at its first writer; outputs live to the end.
 
 from __future__ import annotations
 
-from ..analysis import largest_bucket, possible_buckets, region_groups, variant_picks
+from ..analysis import (
+    between_buckets,
+    largest_bucket,
+    possible_buckets,
+    region_groups,
+    variant_picks,
+)
 from ..graph import Compiled, compatible
 from ..shapes import nbytes_at
 
@@ -97,8 +103,13 @@ def run(cp: Compiled, cfg) -> tuple[Compiled, bool]:
         if not runs and not alike:
             continue  # these variants never run together
         at = largest_bucket(cp, ctx, tuned, together)
+        sizes = between_buckets(cp, ctx, tuned) if not runs else []
+        if sizes:  # reached only by eager calls between the buckets: sized at the largest of those
+            at = {**at, cp.plan.token_dim: sizes[-1]}
         out["variants"][label] = {**peak(cp, choice or None, at), "bindings": at}
-        if not runs:
+        if sizes:
+            out["variants"][label]["eager_only"] = True
+        elif not runs:
             out["variants"][label]["never_runs"] = True  # sized at the dims' top, for the record
     out["weights_bytes"] = sum(nbytes_at(cp.tensors[w], upper) for w in cp.plan.weights)
     out["inputs_bytes"] = sum(nbytes_at(cp.tensors[i], upper) for i in cp.plan.inputs)
