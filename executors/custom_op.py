@@ -55,6 +55,7 @@ import weakref
 import torch
 
 from planner.expr import Bin, Call, Name, Num, Unary, fold, parse
+from planner.graph import storage_root
 
 from .dims import shape_fn
 from .dtypes import TORCH_DTYPES, plan_dtype, torch_dtype
@@ -216,7 +217,7 @@ class _OpSpec:
         for op in plan.ops:
             if op.op == "extern" and op.effects:
                 for a in op.args if op.writes is None else op.writes:
-                    r = _storage_root(cp, a)
+                    r = storage_root(cp, a)
                     kind = cp.tensors[r].kind if r in cp.tensors else None
                     if kind == "input" and r not in self.mutated:
                         self.mutated.append(r)
@@ -254,16 +255,6 @@ class _OpSpec:
     def root_layout(self, i: int, b: dict, sym: bool):
         shape = tuple(sym_eval(d, b) for d in self.root_shape[i]) if sym else self._root_fns[i](b)
         return shape, _contig_strides(shape)
-
-
-def _storage_root(cp, name: str) -> str:
-    """The tensor whose memory `name` is (through views)."""
-    for _ in range(256):
-        t = cp.tensors.get(name)
-        if t is None or not t.alias_of:
-            return name
-        name = t.alias_of
-    return name
 
 
 def _schema(ex, spec: _OpSpec):

@@ -112,8 +112,8 @@ class Executor:
         raise TypeError(f"an executor of plan '{self.plan.name}' cannot be copied: it owns its torch op,"
                         " device buffers and communicators; build one per model copy with"
                         " build_executor(executor.compiled, weights, ...) (executors built from the same"
-                        " tensors share them, and load_weights into one loads all of them: give a copy that"
-                        " loads its own weights tensors of its own)")
+                        " tensors share them, and load_weights into one loads all of them: build a copy that"
+                        " loads its own weights from tensors of its own)")
 
     def __reduce_ex__(self, protocol):
         raise TypeError(f"an executor of plan '{self.plan.name}' cannot be pickled: it holds device buffers,"

@@ -170,12 +170,18 @@ def _holds(cp: Compiled, ctx: tuple, b: dict, tuned: dict, gates: dict | None = 
     return all(runs(c, bs) for c, bs in parts)
 
 
+def _within(cp: Compiled, rid: str) -> tuple:
+    """The (region, variant) pairs region rid sits in, outermost first."""
+    r = cp.plan.regions.get(rid)
+    return tuple(r.within) if r is not None else ()
+
+
 def why_never(cp: Compiled, rid: str, vname: str, tuned: dict) -> str | None:
     """Why variant vname of region rid takes no call at any bucket, or None when it can run: its
     gate holds at no size the dims allow, or every size where it holds is taken by the variants
     before it (named). A region nested in variants is judged at the sizes and in the calls where
     those variants run (a fallback inside 'decode' never sees the sizes 'decode' leaves out)."""
-    within = tuple(cp.plan.regions[rid].within) if rid in cp.plan.regions else ()
+    within = _within(cp, rid)
     ctx = within + ((rid, vname),)
     if possible_buckets(cp, ctx, tuned) or between_buckets(cp, ctx, tuned):
         return None
@@ -233,7 +239,7 @@ def eager_only(cp: Compiled, tuned: dict) -> dict[tuple[str, str], list[int]]:
     variants = _variants(cp)
     for rids in region_groups(cp):
         rid = rids[0]
-        within = tuple(cp.plan.regions[rid].within) if rid in cp.plan.regions else ()
+        within = _within(cp, rid)
         for v in variants.get(rid, []):
             ctx = within + ((rid, v.name),)
             if not possible_buckets(cp, ctx, tuned):
@@ -288,9 +294,8 @@ def group_label(rids: list[str]) -> str:
 def _active(cp: Compiled, choice: dict) -> dict:
     """The regions of a choice that take part in it: those whose enclosing variants it picks (a
     region inside 'decode' plays no part in a call that runs 'prefill')."""
-    regions = cp.plan.regions
     return {r: n for r, n in choice.items()
-            if all(choice.get(o) == v for o, v in (regions[r].within if r in regions else ()))}
+            if all(choice.get(o) == v for o, v in _within(cp, r))}
 
 
 def variant_picks(cp: Compiled) -> list[tuple[str, dict, bool]]:
@@ -452,10 +457,9 @@ def variant_choice(cp: Compiled, name: str | None) -> dict[str, str]:
     where that picks no region two ways), else the fallback; regions nested in variants it does
     not pick are left out (_active)."""
     variants = _variants(cp)
-    regions = cp.plan.regions
     out = {rid: name for rid, vs in variants.items() if any(v.name == name for v in vs)}
     for rid in list(out):
-        within = regions[rid].within if rid in regions else ()
+        within = _within(cp, rid)
         if all(out.get(o, v) == v for o, v in within):
             out.update(within)
     for rid, vs in variants.items():

@@ -20,7 +20,7 @@ import networkx as nx
 from .ir import Plan
 from .shapes import Probes, TensorSpec
 
-__all__ = ["Compiled", "build_graph", "rebuild_edges", "compatible"]
+__all__ = ["Compiled", "build_graph", "rebuild_edges", "compatible", "storage_root"]
 
 
 @dataclass
@@ -53,6 +53,20 @@ def compatible(a: tuple, b: tuple) -> bool:
     """Two guard contexts can both run in one call (no region picks different variants)."""
     da = dict(a)
     return all(da.get(r, v) == v for r, v in b)
+
+
+def storage_root(cp: Compiled, name: str, via: dict | None = None) -> str:
+    """The tensor whose storage `name` is: through views, and through region outputs to the
+    value of the variant that ran (via: {select output: chosen input})."""
+    via = via or {}
+    for _ in range(64):
+        if name in via:
+            name = via[name]
+        elif name in cp.tensors and cp.tensors[name].alias_of:
+            name = cp.tensors[name].alias_of
+        else:
+            break
+    return name
 
 
 def build_graph(plan: Plan) -> Compiled:

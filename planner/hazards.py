@@ -288,6 +288,11 @@ def _requires_capturing(when) -> bool:
 _LAYOUT_ENDS = {"extern", "view"}
 
 
+def _mentions(d, dim: str) -> bool:
+    """A dim expression that grows with `dim`."""
+    return not isinstance(d, int) and dim in free_names(_e(d))
+
+
 def padding_sensitive(cp: Compiled, dim: str | None = None) -> dict[str, str]:
     """op -> why a plan result depends on rows padded past the real ones along `dim` (the
     bucketed dim: the plan's first), where a graph captured at a bucket replays smaller sizes and
@@ -306,7 +311,7 @@ def padding_sensitive(cp: Compiled, dim: str | None = None) -> dict[str, str]:
     g, tensors = cp.graph, cp.tensors
 
     def mentions(d) -> bool:
-        return not isinstance(d, int) and dim in free_names(_e(d))
+        return _mentions(d, dim)
     out: dict[str, str] = {}
     state: dict[str, dict[int, tuple]] = {}  # tensor -> {axis: (kind, op, why)}: a layout that is not prefix rows
     for n in cp.schedule or list(g.nodes):
@@ -314,9 +319,9 @@ def padding_sensitive(cp: Compiled, dim: str | None = None) -> dict[str, str]:
         if op.op == "gemm" and mentions(tensors[op.b].shape[1]):
             out[n] = f"gemm {n} sums over {dim} (K = {fmt_dim(tensors[op.b].shape[1])})"
             continue
-        ins = [state.get(x, {}) for x in op.inputs()]
         if op.op in _LAYOUT_ENDS:
             continue
+        ins = [state.get(x, {}) for x in op.inputs()]
         merged: dict[int, tuple] = {}
         for st in ins if op.op != "gemm" else ins[:1]:  # a gemm keeps a's rows (axis 0)
             for ax, v in st.items():
@@ -362,8 +367,7 @@ def _cuts(cp: Compiled, dim: str) -> dict[str, str]:
         op = cp.graph.nodes[n]["op"]
         if op.op in ("shard", "reduce_scatter"):
             t = cp.tensors[op.x]
-            d = t.shape[op.dim % t.rank]
-            if not isinstance(d, int) and dim in free_names(_e(d)):
+            if _mentions(t.shape[op.dim % t.rank], dim):
                 out[n] = f"{op.op} {n} cuts {dim} into per-rank chunks"
     return out
 

@@ -18,24 +18,10 @@ from ..analysis import (
     region_groups,
     variant_picks,
 )
-from ..graph import Compiled, compatible
+from ..graph import Compiled, compatible, storage_root
 from ..shapes import nbytes_at
 
 NAME = "estimate-memory"
-
-
-def _root(cp: Compiled, name: str, via: dict | None = None) -> str:
-    """The tensor whose storage `name` is: through views, and through region outputs to the
-    value of the variant that ran (via: {select output: chosen input})."""
-    via = via or {}
-    for _ in range(64):
-        if name in via:
-            name = via[name]
-        elif cp.tensors[name].alias_of:
-            name = cp.tensors[name].alias_of
-        else:
-            break
-    return name
 
 
 def _read(op, choice: dict | None, via: dict) -> list[str]:
@@ -64,7 +50,7 @@ def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
         for name in _read(op, choice, via) + list(op.out):
             if name not in cp.tensors:
                 continue
-            r = _root(cp, name, via)
+            r = storage_root(cp, name, via)
             if cp.tensors[r].kind in ("input", "weight"):
                 continue
             first.setdefault(r, idx[v])
@@ -72,7 +58,7 @@ def peak(cp: Compiled, choice: dict | None, bindings: dict) -> dict:
     end = len(order)
     for o in cp.plan.outputs:
         if o in cp.tensors:
-            r = _root(cp, o, via)
+            r = storage_root(cp, o, via)
             if r in last:
                 last[r] = end
     delta = [0] * (end + 2)
